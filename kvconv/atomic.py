@@ -1,0 +1,90 @@
+"""Atomic outputs: write to a temporary name beside the target, rename on success, remove on failure.
+
+    >>> from kvconv.atomic import atomic_output
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> with atomic_output(os.path.join(d, "out.txt")) as tmp:
+    ...     _ = open(tmp, "w").write("hello")
+    >>> open(os.path.join(d, "out.txt")).read()
+    'hello'
+
+Outputs never replace one of the inputs (checked by inode, so links and ``./`` spellings are caught too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .errors import OutputError
+
+
+def check_not_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
+    out = Path(output)
+    for inp in inputs:
+        inp = Path(inp)
+        same = False
+        try:
+            same = out.exists() and inp.exists() and os.path.samefile(out, inp)
+        except OSError:
+            same = False
+        if same or out.resolve() == inp.resolve():
+            raise OutputError(
+                "output would overwrite an input",
+                path=str(output),
+                hint="choose another -o path",
+                code="output-is-input",
+            )
+
+
+@contextlib.contextmanager
+def atomic_output(
+    path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = (), directory: bool = False
+) -> Iterator[Path]:
+    """Yield a temporary path (a file name, or a fresh folder when ``directory``); rename it to ``path`` on success.
+
+    On any exception the temporary is removed and ``path`` is left as it was.
+    """
+    target = Path(path)
+    check_not_input(target, inputs)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError("output folder does not exist", path=str(target), hint=f"create {parent} first",
+                          code="output-dir-missing")
+    if directory and target.exists() and not target.is_dir():
+        raise OutputError("output exists and is not a folder", path=str(target), code="output-not-dir")
+    prefix = f".{target.name}.tmp-"
+    try:
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, dir=parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as e:
+        raise OutputError(f"cannot create output: {e.strerror}", path=str(target), code="output-unwritable") from None
+    try:
+        yield tmp
+        if directory:
+            if target.exists():
+                # Replace the old folder only once the new one is complete.
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=parent))
+                os.rename(target, old / "x")
+                os.rename(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, target)
+        else:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+    except BaseException:
+        if directory:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise

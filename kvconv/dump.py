@@ -1,0 +1,506 @@
+"""Read and write kvconv dumps: ``open()`` (mmap + numpy views, no copies) and its pair ``new()``.
+
+A dump is a sequence of record groups, each a 64-byte header (``schemas/layouts.json``, layout ``header``) followed by
+``record_count * record_size`` payload bytes, zero-padded to a multiple of 8. See docs/FORMAT.md.
+
+    >>> import numpy as np, tempfile, os
+    >>> from kvconv import dump, layout
+    >>> path = os.path.join(tempfile.mkdtemp(), "d.bin")
+    >>> ev = np.zeros(3, dtype=layout.DTYPES["device_event"]); ev["sequence"] = [0, 1, 2]
+    >>> with dump.new(path) as w:
+    ...     w.write_metadata({"tool": "doctest", "tool_version": "0"})
+    ...     w.write_records("device_event", ev, capacity=1024)
+    >>> with dump.open(path) as d:
+    ...     [g.kind_name for g in d.groups], int(d.records("device_event")["sequence"].sum())
+    (['metadata', 'device_event'], 3)
+
+Header counts are never trusted beyond the file's size; a file larger than memory is fine, since the views are backed
+by the page cache and :meth:`Group.chunks` walks them in bounded slices.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import mmap
+import os
+import warnings
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import layout
+from .errors import FormatError, KvconvError, SchemaError
+from .findings import Finding
+
+H = layout.HEADER_DTYPE
+_HDR = layout.LAYOUTS["header"]
+DEFAULT_CHUNK = 1 << 20  # records per chunk when walking large groups
+
+_DEFAULT_CLOCK = {
+    "device_event": "gpu_globaltimer",
+    "graph_node": "host_monotonic",
+    "eager_launch": "host_monotonic",
+    "canary": "host_monotonic",
+}
+
+
+class DumpWarning(UserWarning):
+    """Readable, but something is off (unknown minor version or record kind, salvaged loss)."""
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How :func:`open` treats damage.
+
+    salvage: read a dump cut short up to its last whole record (the loss is reported per group) instead of refusing.
+    verify_checksums: compute each group's payload CRC-32 and refuse a mismatch (validate reports it instead).
+    """
+
+    salvage: bool = False
+    verify_checksums: bool = True
+
+
+@dataclass
+class Group:
+    """One record group: its header fields and a zero-copy structured view of its records."""
+
+    index: int
+    offset: int
+    header: np.void
+    kind: layout.RecordKind | None
+    records: np.ndarray
+    path: str
+    lost_records: int = 0  # records the header promised that a cut-short file no longer holds (salvage)
+
+    @property
+    def kind_name(self) -> str:
+        return self.kind.name if self.kind else f"unknown({int(self.header['record_kind'])})"
+
+    @property
+    def payload_offset(self) -> int:
+        return self.offset + layout.HEADER_SIZE
+
+    def __getattr__(self, name: str):
+        # Header fields read as plain ints: g.record_count, g.drop_count, g.context_id, ...
+        if name in H.names and name != "magic":
+            return int(self.header[name])
+        raise AttributeError(name)
+
+    @property
+    def clock_domain_name(self) -> str:
+        inv = {v: k for k, v in layout.ENUMS["clock_domain"].items()}
+        return inv.get(self.clock_domain, f"unknown({self.clock_domain})")
+
+    def record_offset(self, i: int) -> int:
+        """Byte offset of record ``i`` in the file."""
+        return self.payload_offset + i * int(self.header["record_size"])
+
+    def chunks(self, size: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(first_index, view)`` slices of at most ``size`` records."""
+        n = len(self.records)
+        for start in range(0, n, size):
+            yield start, self.records[start : start + size]
+
+    def payload_bytes(self) -> memoryview:
+        return memoryview(self.records.view(np.uint8).reshape(-1)) if len(self.records) else memoryview(b"")
+
+    def crc_ok(self) -> bool:
+        crc = 0
+        step = 64 << 20
+        buf = self.payload_bytes()
+        for s in range(0, len(buf), step):
+            crc = zlib.crc32(buf[s : s + step], crc)
+        return crc == int(self.header["payload_crc32"])
+
+
+@dataclass
+class Dump:
+    """An opened dump. Use as a context manager, or call :meth:`close`."""
+
+    path: str
+    size: int
+    groups: list[Group]
+    problems: list[Finding] = field(default_factory=list)
+    _mm: mmap.mmap | None = None
+    _file: object = None
+
+    def __enter__(self) -> "Dump":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.groups = []
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                # A caller still holds a view into the map; it is released when the last view goes.
+                pass
+            self._mm = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def groups_of(self, kind: str, *, context_id: int | None = None) -> list[Group]:
+        return [
+            g
+            for g in self.groups
+            if g.kind is not None and g.kind.name == kind and (context_id is None or g.context_id == context_id)
+        ]
+
+    def contexts(self) -> list[tuple[int, int]]:
+        """Distinct (context_id, device_id) pairs, in order of appearance."""
+        seen: dict[tuple[int, int], None] = {}
+        for g in self.groups:
+            seen.setdefault((g.context_id, g.device_id), None)
+        return list(seen)
+
+    def records(self, kind: str, *, context_id: int | None = None) -> np.ndarray:
+        """All records of one kind: the mmap view itself when one group holds them, else a concatenation."""
+        gs = self.groups_of(kind, context_id=context_id)
+        if not gs:
+            kd = layout.KINDS[kind]
+            return np.zeros(0, dtype=layout.kind_dtype(kd))
+        if len(gs) == 1:
+            return gs[0].records
+        return np.concatenate([g.records for g in gs])
+
+    def drops(self, kind: str, *, context_id: int | None = None) -> int:
+        return sum(g.drop_count for g in self.groups_of(kind, context_id=context_id))
+
+    def metadata(self, *, context_id: int | None = None) -> dict:
+        """The run metadata (merged across metadata groups); raises SchemaError if it is not a JSON object."""
+        out: dict = {}
+        for g in self.groups_of("metadata", context_id=context_id):
+            raw = g.records.tobytes()
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                pos = getattr(e, "pos", getattr(e, "start", 0)) or 0
+                raise SchemaError(
+                    f"metadata is not valid UTF-8 JSON ({e.__class__.__name__})",
+                    path=self.path,
+                    group=g.index,
+                    offset=g.payload_offset + pos,
+                    field="metadata",
+                    code="metadata-json",
+                ) from None
+            if not isinstance(obj, dict):
+                raise SchemaError("metadata must be a JSON object", path=self.path, group=g.index,
+                                  offset=g.payload_offset, field="metadata", code="metadata-json")
+            out.update(obj)
+        return out
+
+    def strings(self, *, context_id: int) -> bytes:
+        gs = self.groups_of("strings", context_id=context_id)
+        return b"".join(g.records.tobytes() for g in gs)
+
+    def kernel_names(self, *, context_id: int | None = None) -> dict[int, str]:
+        """Kernel slot -> function name, from the kernel table and strings of each context."""
+        names: dict[int, str] = {}
+        for ctx, _dev in self.contexts():
+            if context_id is not None and ctx != context_id:
+                continue
+            blob = self.strings(context_id=ctx)
+            for g in self.groups_of("kernel", context_id=ctx):
+                for r in g.records:
+                    off, n = int(r["name_off"]), int(r["name_len"])
+                    names[int(r["slot"])] = blob[off : off + n].decode("utf-8", "replace")
+        return names
+
+
+def _err(cls, msg, path, offset, fld=None, *, group=None, code, hint=None):
+    return cls(msg, path=path, offset=offset, field=fld, group=group, code=code, hint=hint)
+
+
+def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Dump:
+    """Parse a dump's structure, collecting every structural problem in ``Dump.problems`` instead of raising.
+
+    Parsing stops at the first header that cannot be trusted (bad magic, unknown major, bad header checksum,
+    truncated header), since the position of the next group is then unknown. Payload checksums are checked when
+    ``options.verify_checksums``.
+    """
+    path = str(path)
+    try:
+        f = builtins.open(path, "rb")
+    except FileNotFoundError:
+        raise FormatError("no such file", path=path, code="not-found", hint="check the path") from None
+    except IsADirectoryError:
+        raise FormatError("is a folder, not a dump file", path=path, code="not-a-file") from None
+    except OSError as e:
+        raise FormatError(f"cannot open: {e.strerror}", path=path, code="unreadable") from None
+    size = os.fstat(f.fileno()).st_size
+    mm = None
+    if size:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            f.close()
+            raise FormatError(f"cannot map file: {e}", path=path, code="unreadable") from None
+    d = Dump(path=path, size=size, groups=[], _mm=mm, _file=f)
+    buf = mm if mm is not None else b""
+    probs = d.problems
+
+    def problem(severity, err: KvconvError):
+        probs.append(Finding.from_error(err, severity))
+
+    if size == 0:
+        problem("error", _err(FormatError, "empty file", path, 0, "header", code="truncated-header",
+                              hint="the producer wrote nothing"))
+        return d
+
+    pos = 0
+    index = 0
+    while pos < size:
+        if size - pos < layout.HEADER_SIZE:
+            problem("error", _err(FormatError, f"file ends {size - pos} bytes into a 64-byte header", path, pos,
+                                  "header", group=index, code="truncated-header",
+                                  hint="the file was cut short; try --salvage"))
+            break
+        hdr = np.frombuffer(buf, dtype=H, count=1, offset=pos)[0]
+        if bytes(hdr["magic"]).ljust(8, b"\0") != layout.MAGIC:
+            what = "bad magic" if index == 0 else "bad magic at the start of a record group"
+            problem("error", _err(FormatError, f"{what} {bytes(buf[pos:pos + 8])!r}", path, pos, "header.magic",
+                                  group=index, code="bad-magic",
+                                  hint="not a kvconv dump" if index == 0 else "the file is damaged here"))
+            break
+        major, minor = int(hdr["major"]), int(hdr["minor"])
+        if major not in layout.SUPPORTED_MAJORS:
+            problem("error", _err(FormatError, f"format major version {major} is not supported (supported: "
+                                  f"{', '.join(map(str, layout.SUPPORTED_MAJORS))})", path,
+                                  pos + _HDR.field("major").offset, "header.major", group=index,
+                                  code="unsupported-version", hint="upgrade kvconv"))
+            break
+        hcrc = zlib.crc32(bytes(buf[pos : pos + 60]))
+        if hcrc != int(hdr["header_crc32"]):
+            problem("error", _err(FormatError, f"header checksum {int(hdr['header_crc32']):#010x} does not match "
+                                  f"{hcrc:#010x}", path, pos + _HDR.field("header_crc32").offset,
+                                  "header.header_crc32", group=index, code="header-checksum",
+                                  hint="the header is damaged"))
+            break
+        if int(hdr["header_size"]) != layout.HEADER_SIZE:
+            problem("error", _err(FormatError, f"header_size is {int(hdr['header_size'])}, expected "
+                                  f"{layout.HEADER_SIZE}", path, pos + _HDR.field("header_size").offset,
+                                  "header.header_size", group=index, code="bad-header-size"))
+            break
+        if minor > layout.MINOR:
+            problem("warning", _err(FormatError, f"format minor version {minor} is newer than {layout.MINOR}; "
+                                    "fields added since are ignored", path, pos + _HDR.field("minor").offset,
+                                    "header.minor", group=index, code="newer-minor"))
+        rsize, count = int(hdr["record_size"]), int(hdr["record_count"])
+        kind = layout.KINDS_BY_ID.get(int(hdr["record_kind"]))
+        payload = pos + layout.HEADER_SIZE
+        left = size - payload
+        if rsize == 0 and count:
+            problem("error", _err(FormatError, "record_size is 0", path, pos + _HDR.field("record_size").offset,
+                                  "header.record_size", group=index, code="record-size-mismatch"))
+            break
+        nbytes = count * rsize
+        lost = 0
+        if nbytes > left:
+            whole = left // rsize if rsize else 0
+            if nbytes > size:
+                code, msg = "count-exceeds-file", (
+                    f"record_count {count} x record_size {rsize} = {nbytes} bytes exceeds the whole file "
+                    f"({size} bytes)")
+            else:
+                code, msg = "truncated-payload", (
+                    f"payload of {count} records ends {nbytes - left} bytes past the end of the file "
+                    f"({whole} whole records present)")
+            if options.salvage and kind is not None and (kind.record_size == rsize):
+                problem("warning", _err(FormatError, msg + f"; salvaged {whole}, lost {count - whole}", path,
+                                        pos + _HDR.field("record_count").offset, "header.record_count",
+                                        group=index, code="salvaged"))
+                lost = count - whole
+                count, nbytes = whole, whole * rsize
+            else:
+                problem("error", _err(FormatError, msg, path, pos + _HDR.field("record_count").offset,
+                                      "header.record_count", group=index, code=code,
+                                      hint="the file was cut short; try --salvage" if code == "truncated-payload"
+                                      else "the header is damaged"))
+                break
+        if kind is None:
+            problem("warning", _err(FormatError, f"unknown record kind {int(hdr['record_kind'])}; group skipped",
+                                    path, pos + _HDR.field("record_kind").offset, "header.record_kind",
+                                    group=index, code="unknown-kind"))
+            recs = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=payload)
+        elif kind.record_size != rsize:
+            problem("error", _err(FormatError, f"record_size is {rsize} for {kind.name} records, expected "
+                                  f"{kind.record_size}", path, pos + _HDR.field("record_size").offset,
+                                  "header.record_size", group=index, code="record-size-mismatch"))
+            recs = None
+        else:
+            recs = np.frombuffer(buf, dtype=layout.kind_dtype(kind), count=count, offset=payload)
+        if recs is not None:
+            g = Group(index=index, offset=pos, header=hdr, kind=kind, records=recs, path=path, lost_records=lost)
+            if options.verify_checksums and not lost and not g.crc_ok():
+                problem("error", _err(FormatError, "payload checksum does not match header.payload_crc32", path,
+                                      payload, "header.payload_crc32", group=index, code="payload-checksum",
+                                      hint="the records are damaged"))
+            d.groups.append(g)
+        pos = payload + layout.padded(nbytes)
+        index += 1
+    return d
+
+
+def open(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Dump:  # noqa: A001 - paired with new()
+    """Open a dump for reading. Raises the first structural error; warnings go through :mod:`warnings`."""
+    d = scan(path, options=options)
+    for p in d.problems:
+        if p.severity == "error":
+            d.close()
+            cls = FormatError if p.code != "payload-checksum" else FormatError
+            raise cls(p.message, path=p.path, group=p.group, offset=p.offset, field=p.field, code=p.code)
+    for p in d.problems:
+        warnings.warn(p.line(), DumpWarning, stacklevel=2)
+    return d
+
+
+def open_many(paths, *, options: ReadOptions = ReadOptions()) -> list[Dump]:
+    """Open several dumps (several contexts, GPUs or processes); closes those already open if one fails."""
+    out: list[Dump] = []
+    try:
+        for p in paths:
+            out.append(open(p, options=options))
+    except BaseException:
+        for d in out:
+            d.close()
+        raise
+    return out
+
+
+def make_header(
+    kind: layout.RecordKind,
+    *,
+    record_count: int,
+    payload_crc32: int,
+    capacity: int = 0,
+    drop_count: int = 0,
+    context_id: int = 0,
+    device_id: int = 0,
+    clock_domain: int | None = None,
+    major: int = layout.MAJOR,
+    minor: int = layout.MINOR,
+    record_size: int | None = None,
+    flags: int = 0,
+) -> bytes:
+    """The 64 header bytes for a group, header checksum included."""
+    h = np.zeros(1, dtype=H)
+    h["magic"] = layout.MAGIC
+    h["major"], h["minor"] = major, minor
+    h["record_kind"] = kind.id
+    h["header_size"] = layout.HEADER_SIZE
+    h["record_size"] = kind.record_size if record_size is None else record_size
+    h["flags"] = flags
+    h["record_count"] = record_count
+    h["capacity"] = capacity
+    h["drop_count"] = drop_count
+    h["context_id"] = context_id
+    h["device_id"] = device_id
+    if clock_domain is None:
+        clock_domain = layout.ENUMS["clock_domain"][_DEFAULT_CLOCK.get(kind.name, "none")]
+    h["clock_domain"] = clock_domain
+    h["payload_crc32"] = payload_crc32
+    raw = bytearray(h.tobytes())
+    raw[60:64] = zlib.crc32(bytes(raw[:60])).to_bytes(4, "little")
+    return bytes(raw)
+
+
+class StringTable:
+    """Builds a strings blob; :meth:`add` returns ``(offset, length)`` for kernel and canary records."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._index: dict[str, tuple[int, int]] = {}
+        self._size = 0
+
+    def add(self, s: str) -> tuple[int, int]:
+        if s not in self._index:
+            b = s.encode("utf-8")
+            self._index[s] = (self._size, len(b))
+            self._parts.append(b)
+            self._size += len(b)
+        return self._index[s]
+
+    def blob(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class DumpWriter:
+    """Writes groups to a temporary file; :meth:`close` renames it into place, :meth:`abort` removes it."""
+
+    def __init__(self, path: str | os.PathLike, *, context_id: int = 0, device_id: int = 0) -> None:
+        from .atomic import atomic_output
+
+        self.path = Path(path)
+        self.context_id = context_id
+        self.device_id = device_id
+        self._cm = atomic_output(self.path)
+        self._tmp = self._cm.__enter__()
+        self._f = builtins.open(self._tmp, "wb")
+        self._closed = False
+
+    def __enter__(self) -> "DumpWriter":
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        if et is None:
+            self.close()
+        else:
+            self.abort(et, ev, tb)
+
+    def write_raw_group(self, kind: layout.RecordKind, payload: bytes | memoryview, *, record_count: int,
+                        **header) -> None:
+        crc = zlib.crc32(payload)
+        header.setdefault("context_id", self.context_id)
+        header.setdefault("device_id", self.device_id)
+        self._f.write(make_header(kind, record_count=record_count, payload_crc32=crc, **header))
+        self._f.write(payload)
+        self._f.write(b"\0" * (layout.padded(len(payload)) - len(payload)))
+
+    def write_records(self, kind: str, records: np.ndarray, **header) -> None:
+        """Write one group of ``kind`` records (a structured array of the kind's dtype)."""
+        kd = layout.KINDS[kind]
+        dt = layout.kind_dtype(kd)
+        if records.dtype != dt:
+            raise SchemaError(f"records have dtype {records.dtype}, expected the {kind} layout", field=kind,
+                              code="writer-dtype")
+        arr = np.ascontiguousarray(records)
+        self.write_raw_group(kd, memoryview(arr.view(np.uint8).reshape(-1)), record_count=len(arr), **header)
+
+    def write_bytes(self, kind: str, data: bytes, **header) -> None:
+        self.write_raw_group(layout.KINDS[kind], data, record_count=len(data), **header)
+
+    def write_metadata(self, meta: dict, **header) -> None:
+        self.write_bytes("metadata", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(), **header)
+
+    def write_strings(self, table: StringTable | bytes, **header) -> None:
+        self.write_bytes("strings", table.blob() if isinstance(table, StringTable) else table, **header)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._f.close()
+        self._cm.__exit__(None, None, None)
+
+    def abort(self, et=None, ev=None, tb=None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._f.close()
+        try:
+            self._cm.__exit__(et or RuntimeError, ev or RuntimeError("aborted"), tb)
+        except BaseException:
+            pass
+
+
+def new(path: str | os.PathLike, *, context_id: int = 0, device_id: int = 0) -> DumpWriter:
+    """Start writing a dump at ``path`` (atomically: nothing appears there until :meth:`DumpWriter.close`)."""
+    return DumpWriter(path, context_id=context_id, device_id=device_id)

@@ -1,0 +1,402 @@
+"""Validate a dump: structure, schema and semantics, reporting every problem found (aggregated per kind of problem).
+
+    >>> from kvconv.validate import validate, ValidateOptions
+    >>> report = validate("fixtures/qwen3-14b/qwen3-14b.kvdump")      # doctest: +SKIP
+    >>> report.valid, report.exit_code                                 # doctest: +SKIP
+    (True, 0)
+
+Three layers, all vectorised over the mmap'd records:
+- structure (kvconv.dump.scan): magic, versions, header checksums, sizes against the file, payload checksums;
+- schema: header fields, the metadata JSON against schemas/metadata.schema.json, record enums, flags and ranges;
+- semantics: sequence gaps and duplicates, %globaltimer going backwards, drops, kernel slots missing from the kernel
+  table, blockIdx outside its launch's grid, and the reconciler's and the canary's findings.
+
+Exit codes: 0 valid, 1 findings at error level, 2 unreadable input.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import dump as dumpmod
+from . import layout
+from .errors import KvconvError
+from .findings import Finding
+
+# Structural problems after which the file cannot be read as a whole: exit 2.
+UNREADABLE = frozenset(
+    {
+        "not-found",
+        "not-a-file",
+        "unreadable",
+        "truncated-header",
+        "bad-magic",
+        "unsupported-version",
+        "header-checksum",
+        "bad-header-size",
+        "truncated-payload",
+        "count-exceeds-file",
+        "record-size-mismatch",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """relaxed_reconcile: report the reconciler's mismatches as warnings (e.g. for a dump known to start late).
+    reconcile / canary: include those checks. salvage: read a cut-short dump up to its last whole record."""
+
+    reconcile: bool = True
+    relaxed_reconcile: bool = False
+    canary: bool = True
+    salvage: bool = False
+
+
+@dataclass
+class Report:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    groups: int = 0
+    size: int = 0
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for f in self.findings if f.severity == "error")
+
+    @property
+    def warnings(self) -> int:
+        return sum(1 for f in self.findings if f.severity == "warning")
+
+    @property
+    def unreadable(self) -> bool:
+        return any(f.severity == "error" and f.code in UNREADABLE for f in self.findings)
+
+    @property
+    def valid(self) -> bool:
+        return self.errors == 0
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.unreadable else (1 if self.errors else 0)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "valid": self.valid,
+            "exit_code": self.exit_code,
+            "size": self.size,
+            "groups": self.groups,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+class _Collector:
+    """Turns vectorised masks into aggregated findings: one per (code, field), naming the first bad record."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.out: list[Finding] = []
+
+    def add(self, severity, code, message, *, group=None, record=None, offset=None, field=None, count=1):
+        self.out.append(Finding(severity, code, message, path=self.path, group=group, record=record,
+                                offset=offset, field=field, count=count))
+
+    def mask(self, severity, code, message, g: dumpmod.Group, bad: np.ndarray, fld: str, base: int = 0,
+             values: np.ndarray | None = None) -> None:
+        """Report records of group ``g`` where ``bad`` is true (``base`` = index of bad[0] within the group)."""
+        idx = np.flatnonzero(bad)
+        if not len(idx):
+            return
+        first = int(idx[0]) + base
+        lay_name = g.kind.layout if g.kind and g.kind.layout else g.kind_name
+        try:
+            foff = layout.LAYOUTS[lay_name].field(fld).offset
+        except KeyError:
+            foff = 0
+        msg = message
+        if values is not None:
+            msg = f"{message} (first: {values[idx[0]]!r})".replace("np.uint", "").replace("np.int", "")
+        self.add(severity, code, msg, group=g.index, record=first, offset=g.record_offset(first) + foff,
+                 field=f"{lay_name}.{fld}", count=len(idx))
+
+
+def _enum_values(name: str) -> np.ndarray:
+    return np.array(sorted(layout.ENUMS[name].values()))
+
+
+def _bits_mask(name: str) -> int:
+    m = 0
+    for v in layout.ENUMS[name].values():
+        m |= v
+    return m
+
+
+def _check_metadata(d: dumpmod.Dump, c: _Collector) -> None:
+    import json
+
+    import jsonschema
+
+    schema = layout.load_json_schema("metadata.schema.json")
+    validator = jsonschema.Draft202012Validator(schema)
+    groups = d.groups_of("metadata")
+    if not groups:
+        c.add("warning", "no-metadata", "no run metadata group (tool, GPU, driver, counters)", field="metadata")
+        return
+    for g in groups:
+        raw = g.records.tobytes()
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            pos = getattr(e, "pos", getattr(e, "start", 0)) or 0
+            c.add("error", "metadata-json", f"metadata is not valid UTF-8 JSON: {e.__class__.__name__}",
+                  group=g.index, offset=g.payload_offset + pos, field="metadata")
+            continue
+        for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
+            path = ".".join(str(p) for p in err.absolute_path)
+            fld = "metadata" + (f".{path}" if path else "")
+            # Point at the key in the JSON text when we can find it: the user sees where to look.
+            off = g.payload_offset
+            if err.absolute_path:
+                key = json.dumps(str(list(err.absolute_path)[-1])).encode()
+                at = raw.find(key)
+                if at >= 0:
+                    off += at
+            c.add("error", "metadata-schema", f"{err.message}", group=g.index, offset=off, field=fld)
+
+
+def _check_headers(d: dumpmod.Dump, c: _Collector) -> None:
+    domains = set(layout.ENUMS["clock_domain"].values())
+    hdr = layout.LAYOUTS["header"]
+    for g in d.groups:
+        if g.clock_domain not in domains:
+            c.add("error", "bad-enum", f"clock_domain {g.clock_domain} is not one of {sorted(domains)}",
+                  group=g.index, offset=g.offset + hdr.field("clock_domain").offset, field="header.clock_domain")
+        if g.capacity and g.record_count > g.capacity and g.kind and g.kind.layout:
+            c.add("error", "count-exceeds-capacity", f"record_count {g.record_count} exceeds capacity {g.capacity}",
+                  group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
+        if g.drop_count:
+            c.add("error", "dropped", f"the producer dropped {g.drop_count} {g.kind_name} records "
+                  f"(capacity {g.capacity}); raise the capacity and record again",
+                  group=g.index, offset=g.offset + hdr.field("drop_count").offset, field="header.drop_count")
+        if g.lost_records:
+            c.add("warning", "salvaged-loss", f"{g.lost_records} {g.kind_name} records lost to truncation",
+                  group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
+
+
+def _check_device_events(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] | None) -> None:
+    kinds = _enum_values("event_kind")
+    fmask = ~np.uint8(_bits_mask("event_flags"))
+    for g in d.groups_of("device_event"):
+        seq_parts, t_parts = [], []
+        for base, ev in g.chunks():
+            c.mask("error", "bad-enum", "event kind is not a known kind", g, ~np.isin(ev["kind"], kinds), "kind",
+                   base, ev["kind"])
+            c.mask("error", "bad-flags", "unknown flag bits set", g, (ev["flags"] & fmask) != 0, "flags", base,
+                   ev["flags"])
+            if kernel_slots is not None:
+                known = np.fromiter(kernel_slots, dtype=np.uint32, count=len(kernel_slots))
+                c.mask("error", "unknown-kernel-slot", "kernel slot is missing from the kernel table", g,
+                       ~np.isin(ev["kernel_slot"], known), "kernel_slot", base, ev["kernel_slot"])
+            seq_parts.append(np.asarray(ev["sequence"]))
+            t_parts.append(np.asarray(ev["globaltimer"]))
+        if not seq_parts or not len(g.records):
+            continue
+        seq = np.concatenate(seq_parts) if len(seq_parts) > 1 else seq_parts[0]
+        order = np.argsort(seq, kind="stable")
+        s = seq[order]
+        ds = np.diff(s)
+        dup = np.flatnonzero(ds == 0)
+        if len(dup):
+            i = int(order[dup[0] + 1])
+            c.add("error", "sequence-duplicate", f"sequence {int(s[dup[0]])} appears more than once", group=g.index,
+                  record=i, offset=g.record_offset(i) + layout.LAYOUTS["device_event"].field("sequence").offset,
+                  field="device_event.sequence", count=len(dup))
+        gaps = np.flatnonzero(ds > 1)
+        if len(gaps):
+            i = int(order[gaps[0] + 1])
+            missing = int((ds[gaps] - 1).sum())
+            sev = "warning" if g.drop_count else "error"
+            c.add(sev, "sequence-gap", f"sequence jumps from {int(s[gaps[0]])} to {int(s[gaps[0] + 1])}; "
+                  f"{missing} sequence numbers missing in {len(gaps)} gaps", group=g.index, record=i,
+                  offset=g.record_offset(i) + layout.LAYOUTS["device_event"].field("sequence").offset,
+                  field="device_event.sequence", count=len(gaps))
+        if g.drop_count == 0 and int(s[0]) != 0:
+            i = int(order[0])
+            c.add("warning", "sequence-start", f"sequences start at {int(s[0])}, not 0, with no drops recorded",
+                  group=g.index, record=i,
+                  offset=g.record_offset(i) + layout.LAYOUTS["device_event"].field("sequence").offset,
+                  field="device_event.sequence")
+        t = (np.concatenate(t_parts) if len(t_parts) > 1 else t_parts[0])[order]
+        back = np.flatnonzero(t[1:] < t[:-1])
+        if len(back):
+            i = int(order[back[0] + 1])
+            c.add("warning", "timer-backwards", "%globaltimer goes backwards in sequence order (expected across "
+                  "SMs only by a few ns)", group=g.index, record=i,
+                  offset=g.record_offset(i) + layout.LAYOUTS["device_event"].field("globaltimer").offset,
+                  field="device_event.globaltimer", count=len(back))
+
+
+def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] | None) -> None:
+    fmask = ~np.uint32(_bits_mask("launch_flags"))
+    lf = layout.ENUMS["launch_flags"]
+    for kind in ("graph_node", "eager_launch"):
+        for g in d.groups_of(kind):
+            for base, r in g.chunks():
+                for dim in ("grid_x", "grid_y", "grid_z", "block_dim_x", "block_dim_y", "block_dim_z"):
+                    c.mask("error", "bad-range", f"{dim} is 0", g, r[dim] == 0, dim, base)
+                c.mask("error", "bad-range", "grid_y/grid_z above 65535", g, (r["grid_y"] > 65535) |
+                       (r["grid_z"] > 65535), "grid_y", base)
+                threads = (r["block_dim_x"].astype(np.uint64) * r["block_dim_y"] * r["block_dim_z"])
+                c.mask("error", "bad-range", "more than 1024 threads per block", g, threads > 1024, "block_dim_x",
+                       base)
+                c.mask("error", "bad-flags", "unknown flag bits set", g, (r["flags"] & fmask) != 0, "flags", base,
+                       r["flags"])
+                c.mask("error", "graph-upload-record", "a graph-upload callback was recorded as a launch", g,
+                       (r["flags"] & lf["graph_upload"]) != 0, "flags", base)
+                if kind == "graph_node":
+                    c.mask("error", "bad-flags", "graph_node record without the graph_node flag", g,
+                           (r["flags"] & lf["graph_node"]) == 0, "flags", base)
+                    c.mask("error", "bad-range", "graph launch_id is 0 (replays count from 1)", g,
+                           r["launch_id"] == 0, "launch_id", base)
+                    c.mask("error", "bad-range", "graph_exec is 0", g, r["graph_exec"] == 0, "graph_exec", base)
+                else:
+                    c.mask("error", "bad-flags", "eager_launch record without the eager flag", g,
+                           (r["flags"] & lf["eager"]) == 0, "flags", base)
+                if kernel_slots is not None:
+                    known = np.fromiter(kernel_slots, dtype=np.uint32, count=len(kernel_slots))
+                    c.mask("error", "unknown-kernel-slot", "kernel slot is missing from the kernel table", g,
+                           ~np.isin(r["kernel_slot"], known), "kernel_slot", base, r["kernel_slot"])
+
+
+def _check_kernels(d: dumpmod.Dump, c: _Collector) -> dict[int, set[int]]:
+    """Check kernel tables against their strings; return the known slots per context."""
+    slots: dict[int, set[int]] = {}
+    for ctx, _dev in d.contexts():
+        blob_len = len(d.strings(context_id=ctx))
+        for g in d.groups_of("kernel", context_id=ctx):
+            k = g.records
+            for off, ln, fld in (("name_off", "name_len", "name_off"), ("module_off", "module_len", "module_off")):
+                end = k[off].astype(np.uint64) + k[ln]
+                c.mask("error", "bad-string-ref", f"{fld}+length runs past the strings group ({blob_len} bytes)", g,
+                       end > blob_len, fld)
+            uniq, counts = np.unique(k["slot"], return_counts=True)
+            dup = uniq[counts > 1]
+            if len(dup):
+                c.mask("error", "duplicate-kernel-slot", "kernel slot listed more than once", g,
+                       np.isin(k["slot"], dup), "slot", values=k["slot"])
+            slots.setdefault(ctx, set()).update(int(s) for s in k["slot"])
+    return slots
+
+
+def _check_clock_sync(d: dumpmod.Dump, c: _Collector) -> None:
+    for g in d.groups_of("clock_sync"):
+        r = g.records
+        if len(r) < 2:
+            continue
+        c.mask("error", "clock-sync-backwards", "host_ns goes backwards between clock-sync pairs", g,
+               np.r_[False, r["host_ns"][1:] < r["host_ns"][:-1]], "host_ns")
+        c.mask("error", "clock-sync-backwards", "gpu_ns goes backwards between clock-sync pairs", g,
+               np.r_[False, r["gpu_ns"][1:] < r["gpu_ns"][:-1]], "gpu_ns")
+
+
+def _check_block_in_grid(d: dumpmod.Dump, c: _Collector) -> None:
+    """blockIdx against the grid of its launch: exact by %gridid where events carry it, else against the largest
+    grid any launch of the same kernel slot had (a weaker, order-free bound)."""
+    has_gid = layout.ENUMS["event_flags"]["has_gridid"]
+    for ctx, _dev in d.contexts():
+        hosts = [d.records(k, context_id=ctx) for k in ("graph_node", "eager_launch")]
+        hosts = [h for h in hosts if len(h)]
+        if not hosts:
+            continue
+        h = np.concatenate(hosts) if len(hosts) > 1 else hosts[0]
+        gid_sorted = np.argsort(h["grid_id"], kind="stable")
+        gids = h["grid_id"][gid_sorted]
+        slot_keys = np.unique(h["kernel_slot"])
+        maxes = {}
+        for dim in ("grid_x", "grid_y", "grid_z"):
+            m = np.zeros(len(slot_keys), dtype=np.uint64)
+            np.maximum.at(m, np.searchsorted(slot_keys, h["kernel_slot"]), h[dim].astype(np.uint64))
+            maxes[dim] = m
+        for g in d.groups_of("device_event", context_id=ctx):
+            for base, ev in g.chunks():
+                bad = np.zeros(len(ev), dtype=bool)
+                exact = (ev["flags"] & has_gid) != 0
+                if exact.any():
+                    pos = np.searchsorted(gids, ev["gridid"])
+                    pos = np.minimum(pos, len(gids) - 1)
+                    found = exact & (gids[pos] == ev["gridid"])
+                    hi = h[gid_sorted[pos]]
+                    for b, dim in (("block_x", "grid_x"), ("block_y", "grid_y"), ("block_z", "grid_z")):
+                        bad |= found & (ev[b].astype(np.uint64) >= hi[dim])
+                loose = ~exact
+                if loose.any():
+                    sp = np.searchsorted(slot_keys, ev["kernel_slot"])
+                    sp_ok = (sp < len(slot_keys))
+                    sp = np.minimum(sp, len(slot_keys) - 1)
+                    sp_ok &= slot_keys[sp] == ev["kernel_slot"]
+                    for b, dim in (("block_x", "grid_x"), ("block_y", "grid_y"), ("block_z", "grid_z")):
+                        bad |= loose & sp_ok & (ev[b].astype(np.uint64) >= maxes[dim][sp])
+                c.mask("error", "block-outside-grid", "blockIdx lies outside the grid of its launch", g, bad,
+                       "block_x", base, ev["block_x"])
+
+
+def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOptions()) -> Report:
+    """Validate one dump file and return a :class:`Report` with every finding."""
+    path = str(path)
+    rep = Report(path=path)
+    try:
+        d = dumpmod.scan(path, options=dumpmod.ReadOptions(salvage=options.salvage, verify_checksums=True))
+    except KvconvError as e:
+        rep.findings.append(Finding.from_error(e))
+        return rep
+    with d:
+        rep.size = d.size
+        rep.groups = len(d.groups)
+        rep.findings.extend(d.problems)
+        c = _Collector(path)
+        _check_headers(d, c)
+        _check_metadata(d, c)
+        slots_by_ctx = _check_kernels(d, c)
+        have_table = bool(d.groups_of("kernel"))
+        if not have_table and (d.groups_of("device_event") or d.groups_of("graph_node")):
+            c.add("warning", "no-kernel-table", "no kernel table: kernel slots cannot be named", field="kernel")
+        for ctx, _dev in d.contexts():
+            slots = slots_by_ctx.get(ctx, set()) if have_table else None
+            sub = _ContextView(d, ctx)
+            _check_device_events(sub, c, slots)
+            _check_host_launches(sub, c, slots)
+        _check_clock_sync(d, c)
+        _check_block_in_grid(d, c)
+        rep.findings.extend(c.out)
+        structurally_sound = not rep.unreadable and not any(f.code == "payload-checksum" for f in rep.findings)
+        if structurally_sound and options.reconcile:
+            rep.findings.extend(_reconcile_findings(d, options))
+        if structurally_sound and options.canary and d.groups_of("canary"):
+            from . import canary
+
+            rep.findings.extend(canary.check(d).findings)
+    return rep
+
+
+def _reconcile_findings(d: dumpmod.Dump, options: ValidateOptions) -> list[Finding]:
+    if not (d.groups_of("device_event") or d.groups_of("graph_node") or d.groups_of("eager_launch")):
+        return []
+    from . import reconcile
+
+    res = reconcile.reconcile(d, options=reconcile.ReconcileOptions(relaxed=options.relaxed_reconcile))
+    return list(res.findings)
+
+
+class _ContextView:
+    """The groups of one context, with the Dump methods the record checks use."""
+
+    def __init__(self, d: dumpmod.Dump, ctx: int) -> None:
+        self._d, self._ctx = d, ctx
+
+    def groups_of(self, kind: str):
+        return self._d.groups_of(kind, context_id=self._ctx)

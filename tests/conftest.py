@@ -1,0 +1,64 @@
+"""Shared test plumbing: the real CLI as a subprocess, the --update-goldens switch, and GPU skipping."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-goldens", action="store_true", default=False,
+                     help="rewrite the expected outputs of the golden cases under fixtures/ instead of comparing")
+
+
+@pytest.fixture
+def update_goldens(request) -> bool:
+    return bool(request.config.getoption("--update-goldens"))
+
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 300) -> Result:
+    """Run ``python -m kvconv ARGS`` as a user would, and return its exit code and output."""
+    e = dict(os.environ)
+    e.pop("KVCONV_DEBUG", None)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e["COLUMNS"] = "200"
+    if env:
+        e.update(env)
+    p = subprocess.run([sys.executable, "-m", "kvconv", *map(str, args)], cwd=cwd, env=e, capture_output=True,
+                       text=True, timeout=timeout)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
