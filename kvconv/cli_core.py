@@ -91,6 +91,8 @@ def _info_text(info: dict) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    register_demo(app)
+
     @app.command()
     def info(
         dumps: List[Path] = typer.Argument(..., help="dump file(s)", metavar="DUMP..."),
@@ -153,3 +155,45 @@ def register(app: typer.Typer) -> None:
             if out:
                 sys.stdout.write("\n".join(out) + "\n")
         raise typer.Exit(code)
+
+
+def _demo_fixture() -> Path:
+    return Path(__file__).resolve().parent.parent / "fixtures" / "qwen3-14b" / "qwen3-14b.kvdump"
+
+
+def register_demo(app: typer.Typer) -> None:
+    @app.command()
+    def demo(
+        out: Path = typer.Option(Path("kvconv-demo"), "-o", "--out", help="folder for the converted outputs"),
+    ) -> None:
+        """Run the main job on the embedded Qwen3-14B fixture: info, validate, reconcile, Perfetto and Chrome traces,
+        Parquet tables.
+
+        Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
+        """
+        from . import cli
+        from .errors import UsageError
+
+        fixture = _demo_fixture()
+        if not fixture.is_file():
+            raise UsageError("the embedded fixture is not here (kvconv demo runs from a source checkout)",
+                             path=str(fixture), hint="clone the repository and pip install -e .")
+        out.mkdir(parents=True, exist_ok=True)
+        names = set(cli.app.registered_commands and [c.name or c.callback.__name__ for c in
+                                                      cli.app.registered_commands])
+        steps = [["info", str(fixture)], ["validate", str(fixture)]]
+        if "reconcile" in names:
+            steps.append(["reconcile", str(fixture)])
+        if "perfetto" in names:
+            steps.append(["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace")])
+        if "chrome" in names:
+            steps.append(["chrome", str(fixture), "-o", str(out / "qwen3-14b.json")])
+        if "arrow" in names:
+            steps.append(["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"])
+        worst = 0
+        for step in steps:
+            sys.stdout.write(f"\n$ kvconv {' '.join(step)}\n")
+            sys.stdout.flush()
+            worst = max(worst, cli.main(step))
+        sys.stdout.write(f"\noutputs in {out}/: open qwen3-14b.pftrace in https://ui.perfetto.dev\n")
+        raise typer.Exit(worst)

@@ -259,7 +259,7 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     index = 0
     while pos < size:
         if size - pos < layout.HEADER_SIZE:
-            problem("error", _err(FormatError, f"file ends {size - pos} bytes into a 64-byte header", path, pos,
+            problem("warning" if options.salvage and index else "error", _err(FormatError, f"file ends {size - pos} bytes into a 64-byte header", path, pos,
                                   "header", group=index, code="truncated-header",
                                   hint="the file was cut short; try --salvage"))
             break
@@ -344,6 +344,8 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
                                       payload, "header.payload_crc32", group=index, code="payload-checksum",
                                       hint="the records are damaged"))
             d.groups.append(g)
+        if lost:
+            break  # the file ends inside this group: what follows is the cut-off rest of a record
         pos = payload + layout.padded(nbytes)
         index += 1
     return d
@@ -355,8 +357,7 @@ def open(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     for p in d.problems:
         if p.severity == "error":
             d.close()
-            cls = FormatError if p.code != "payload-checksum" else FormatError
-            raise cls(p.message, path=p.path, group=p.group, offset=p.offset, field=p.field, code=p.code)
+            raise FormatError(p.message, path=p.path, group=p.group, offset=p.offset, field=p.field, code=p.code)
     for p in d.problems:
         warnings.warn(p.line(), DumpWarning, stacklevel=2)
     return d

@@ -1,0 +1,57 @@
+"""The CLI as a user meets it: help with examples, exit codes, one-line errors, fast start."""
+
+import re
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+from kvconv.cli import app
+
+QWEN = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
+
+
+def commands():
+    import typer.main
+
+    return sorted(typer.main.get_command(app).commands)
+
+
+@pytest.mark.parametrize("name", commands())
+def test_every_command_help_has_an_example(name):
+    r = run_cli(name, "--help")
+    assert r.returncode == 0
+    assert re.search(r"Example:\s+kvconv " + name, r.stdout), r.stdout
+
+
+def test_top_level_help_and_python_m():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "Example:" in r.stdout
+    for c in commands():
+        assert c in r.stdout
+
+
+def test_usage_error_exit_2():
+    r = run_cli("info", "--no-such-option", str(QWEN))
+    assert r.returncode == 2 and "No such option" in r.stderr
+    r = run_cli("no-such-command")
+    assert r.returncode == 2
+
+
+def test_missing_file_one_line():
+    r = run_cli("info", "/nonexistent/x.kvdump")
+    assert r.returncode == 2
+    assert r.stderr == "Error: /nonexistent/x.kvdump: no such file (check the path)\n"
+
+
+def test_info_shows_published_counts():
+    r = run_cli("info", QWEN)
+    assert r.returncode == 0
+    assert "device_event 114,112 (0 dropped)" in r.stdout
+    assert "graph_node 280 (0 dropped)" in r.stdout
+    assert "eager_launch 1,040 (0 dropped)" in r.stdout
+    assert "1,048,576" in r.stdout
+
+
+def test_folder_given_as_dump():
+    r = run_cli("validate", FIXTURES)
+    assert r.returncode == 2 and r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1

@@ -1,0 +1,70 @@
+"""The layouts are defined once (schemas/layouts.json); dtypes and the C header derive from it."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from kvconv import layout
+
+
+def test_generated_header_is_current():
+    current = (ROOT / "native/include/kvconv_records.h").read_text()
+    assert current == layout.c_header(), (
+        "native/include/kvconv_records.h is stale: run python -m kvconv.layout > native/include/kvconv_records.h")
+
+
+def test_cli_regenerates_the_same_header():
+    out = subprocess.run([sys.executable, "-m", "kvconv.layout"], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert out == (ROOT / "native/include/kvconv_records.h").read_text()
+
+
+def test_dtypes_match_schema_offsets_and_sizes():
+    spec = json.loads((ROOT / "schemas/layouts.json").read_text())
+    for name, lay in spec["layouts"].items():
+        dt = layout.DTYPES[name]
+        assert dt.itemsize == lay["size"]
+        for f in lay["fields"]:
+            assert dt.fields[f["name"]][1] == f["offset"], (name, f["name"])
+    assert layout.DTYPES["device_event"].itemsize == 64
+    assert layout.DTYPES["host_launch"].itemsize == 96
+    assert layout.HEADER_DTYPE.itemsize == 64
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+def test_header_static_asserts_compile(tmp_path):
+    src = tmp_path / "t.cpp"
+    src.write_text('#include "kvconv_records.h"\nint main() { return sizeof(kvconv_device_event_t) == 64 ? 0 : 1; }\n')
+    subprocess.run(["g++", "-std=c++17", "-I", str(ROOT / "native/include"), str(src), "-o", str(tmp_path / "t")],
+                   check=True)
+    assert subprocess.run([str(tmp_path / "t")]).returncode == 0
+
+
+def test_a_broken_offset_fails_the_static_assert(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    hdr = layout.c_header().replace("offsetof(kvconv_device_event_t, pc) == 8", "offsetof(kvconv_device_event_t, pc) == 9")
+    (tmp_path / "h.h").write_text(hdr)
+    src = tmp_path / "t.cpp"
+    src.write_text('#include "h.h"\nint main() { return 0; }\n')
+    p = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-I", str(tmp_path), str(src)], capture_output=True,
+                       text=True)
+    assert p.returncode != 0 and "pc offset" in p.stderr
+
+
+def test_kind_ids_unique_and_dtypes_for_blob_kinds():
+    ids = [k.id for k in layout.KINDS.values()]
+    assert len(ids) == len(set(ids))
+    assert layout.kind_dtype(layout.KINDS["metadata"]) == np.dtype("u1")
+
+
+def test_format_doc_is_current():
+    from kvconv import formatdoc
+
+    assert (ROOT / "docs/FORMAT.md").read_text() == formatdoc.render(), (
+        "docs/FORMAT.md is stale: run python -m kvconv.formatdoc > docs/FORMAT.md")

@@ -1,0 +1,132 @@
+"""validate: every problem reported (aggregated, with group, record, byte offset and field), exit codes 0/1/2."""
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+import synth
+from conftest import FIXTURES, run_cli
+from kvconv import layout
+from kvconv.validate import ValidateOptions, validate
+
+NO_REC = ValidateOptions(reconcile=False)
+
+
+def write(tmp_path, mutate=None, name="d.kvdump"):
+    parts = synth.small_parts()
+    if mutate:
+        mutate(parts)
+    p = tmp_path / name
+    synth.write_parts(p, parts)
+    return p
+
+
+def codes(rep):
+    return sorted(f.code for f in rep.findings)
+
+
+def test_valid_small_is_valid(tmp_path):
+    rep = validate(write(tmp_path), options=NO_REC)
+    assert rep.findings == [] and rep.exit_code == 0
+
+
+def test_every_problem_is_reported_not_just_the_first(tmp_path):
+    def mutate(p):
+        ev = p["device_event"]
+        ev["sequence"][4] = 3          # duplicate
+        ev["sequence"][8] = 12         # gap
+        ev["kind"][2] = 9              # bad enum
+        ev["kernel_slot"][6] = 99      # not in the kernel table
+        p["eager_launch"]["grid_x"][1] = 0
+        p["meta"]["counters"]["fatal_count"] = ""
+    rep = validate(write(tmp_path, mutate), options=NO_REC)
+    assert codes(rep) == sorted(["sequence-duplicate", "sequence-gap", "bad-enum", "unknown-kernel-slot",
+                                 "bad-range", "metadata-schema"])
+    assert rep.exit_code == 1
+    dup = next(f for f in rep.findings if f.code == "sequence-duplicate")
+    assert dup.field == "device_event.sequence" and dup.record == 4
+    ev_group = next(f for f in rep.findings if f.code == "bad-enum").group
+    enum = next(f for f in rep.findings if f.code == "bad-enum")
+    assert enum.record == 2 and enum.field == "device_event.kind"
+    # The byte offset names the field inside the record inside the file.
+    raw = open(rep.path, "rb").read()
+    assert raw[enum.offset] == 9
+    meta = next(f for f in rep.findings if f.code == "metadata-schema")
+    assert meta.field == "metadata.counters.fatal_count" and raw[meta.offset:meta.offset + 13] == b'"fatal_count"'
+    assert ev_group is not None
+
+
+def test_aggregates_many_bad_records_into_one_finding(tmp_path):
+    def mutate(p):
+        p["device_event"]["kind"][:] = 7
+    rep = validate(write(tmp_path, mutate), options=NO_REC)
+    f = next(f for f in rep.findings if f.code == "bad-enum")
+    assert f.count == 9 and f.record == 0
+
+
+def test_timer_backwards_is_a_warning(tmp_path):
+    def mutate(p):
+        p["device_event"]["globaltimer"][5] = 1
+    rep = validate(write(tmp_path, mutate), options=NO_REC)
+    assert codes(rep) == ["timer-backwards"] and rep.exit_code == 0
+
+
+def test_drops_are_errors_and_gaps_become_warnings(tmp_path):
+    def mutate(p):
+        p["device_event"] = p["device_event"][[0, 1, 2, 3, 4, 5, 6, 8]]
+        p["drops"] = {"device_event": 1}
+    rep = validate(write(tmp_path, mutate), options=NO_REC)
+    by = {f.code: f for f in rep.findings}
+    assert by["dropped"].severity == "error" and by["dropped"].field == "header.drop_count"
+    assert by["sequence-gap"].severity == "warning"
+
+
+def test_block_outside_grid_exact_by_gridid(tmp_path):
+    def mutate(p):
+        ev = p["device_event"]
+        ev["gridid"] = [10, 10, 10, 11, 11, 20, 21, 20, 21]
+        ev["flags"] = layout.ENUMS["event_flags"]["has_gridid"]
+        ev["block_x"][3] = 2  # launch 11 has grid 2: block 2 is outside it (but inside the slot's largest grid 3)
+    rep = validate(write(tmp_path, mutate), options=NO_REC)
+    f = next(f for f in rep.findings if f.code == "block-outside-grid")
+    assert f.record == 3 and f.count == 1
+
+
+def test_kernel_string_reference_out_of_range(tmp_path):
+    def mutate(p):
+        p["kernel"]["name_len"] = 10_000
+    rep = validate(write(tmp_path, mutate), options=NO_REC)
+    assert codes(rep) == ["bad-string-ref"]
+
+
+def test_json_output_lists_all_findings(tmp_path):
+    def mutate(p):
+        p["device_event"]["kind"][2] = 9
+        p["graph_node"]["launch_id"][0] = 0
+    p = write(tmp_path, mutate)
+    r = run_cli("validate", "--json", "--no-reconcile", p)
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert out["valid"] is False and out["errors"] == len([f for f in out["findings"] if f["severity"] == "error"])
+    assert {f["code"] for f in out["findings"]} >= {"bad-enum", "bad-range"}
+    for f in out["findings"]:
+        assert set(f) >= {"severity", "code", "group", "record", "offset", "field", "message"}
+    jsonschema.validate(out, json.loads((FIXTURES.parent / "schemas/validate.schema.json").read_text()))
+
+
+@pytest.mark.parametrize("name", ["qwen3-14b/qwen3-14b.kvdump", "bad/valid-small.kvdump"])
+def test_fixtures_validate_clean(name):
+    rep = validate(FIXTURES / name)
+    assert rep.exit_code == 0, [f.line() for f in rep.findings]
+    assert not rep.findings
+
+
+def test_unreadable_is_exit_2_with_one_line(tmp_path):
+    p = tmp_path / "x.kvdump"
+    p.write_bytes(b"not a dump at all, just text" * 4)
+    r = run_cli("validate", p)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("Error: ") and "byte 0" in r.stderr
+    assert "header.magic" in r.stderr
