@@ -120,7 +120,8 @@ def test_json_output_lists_all_findings(tmp_path):
 def test_fixtures_validate_clean(name):
     rep = validate(FIXTURES / name)
     assert rep.exit_code == 0, [f.line() for f in rep.findings]
-    assert not rep.findings
+    # The Qwen run's first launch ran before patching: a warning that names it, nothing else.
+    assert [f.code for f in rep.findings] == (["coverage-late"] if "qwen" in name else [])
 
 
 def test_unreadable_is_exit_2_with_one_line(tmp_path):

@@ -1,0 +1,233 @@
+"""The canary checker (kvconv/canary.py), the record writer (kvconv/probe/writer.py) and `kvconv canary`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, run_cli
+from kvconv import canary, dump, layout
+from kvconv.probe.writer import CanaryRecorder
+
+SCHEMA = json.loads((ROOT / "schemas" / "canary.schema.json").read_text())
+GEOM = dict(num_pages=64, page_size=64, compression=4)
+
+
+def write(path, steps, **kw):
+    with CanaryRecorder(path, **kw) as rec:
+        for s in steps:
+            rec.add(**{**GEOM, "buffer_id": 0, "name": "L0.index_k", "host_ns": 100 + s["step"], **s})
+    return path
+
+
+def check(path, **opts):
+    with dump.open(path) as d:
+        return canary.check(d, options=canary.CanaryOptions(**opts))
+
+
+def codes(res):
+    return sorted(f.code for f in res.findings)
+
+
+def test_clean_steps_have_no_findings(tmp_path):
+    p = write(tmp_path / "c.kvdump", [dict(step=i, expected=[3, 4], changed=[0, 3, 4], excluded=[0]) for i in range(3)])
+    res = check(p)
+    assert res.ok and res.findings == [] and res.records == 3
+    assert [s["unexpected"] for s in res.steps] == [[], [], []]
+    assert res.steps[0]["changed"] == [0, 3, 4] and res.steps[0]["excluded"] == [0]
+    assert res.steps[0]["slots_per_page"] == 256 and res.steps[0]["snapshot"] == "clone"
+
+
+def test_unexpected_and_missing_pages(tmp_path):
+    p = write(tmp_path / "c.kvdump", [
+        dict(step=7, expected=[3, 4, 5], changed=[0, 3, 4, 10, 11, 12, 63], excluded=[0]),
+    ])
+    res = check(p)
+    assert not res.ok
+    (s,) = res.steps
+    assert s["unexpected"] == [10, 11, 12, 63] and s["missing"] == [5]
+    assert codes(res) == ["canary-missing-write", "canary-unexpected-write"]
+    un = next(f for f in res.findings if f.code == "canary-unexpected-write")
+    assert un.severity == "error" and un.record == 0 and un.field == "canary.changed_first"
+    assert "step 7 buffer 'L0.index_k' (id 0): 4 pages changed outside the expected set: pages 10-12, 63" in un.message
+    assert "(slots 2560-3327, 16128-16383)" in un.message
+    with dump.open(p) as d:
+        g = d.groups_of("canary")[0]
+        assert un.group == g.index
+        assert un.offset == g.record_offset(0) + layout.LAYOUTS["canary"].field("changed_first").offset
+
+
+def test_excluded_pages_are_neither_unexpected_nor_missing(tmp_path):
+    p = write(tmp_path / "c.kvdump", [dict(step=0, expected=[0, 2], changed=[1, 2], excluded=[0, 1])])
+    res = check(p)
+    assert res.ok and res.steps[0]["unexpected"] == [] and res.steps[0]["missing"] == []
+
+
+def test_missing_writes_can_be_turned_off(tmp_path):
+    p = write(tmp_path / "c.kvdump", [dict(step=0, expected=[2, 3], changed=[2])])
+    assert codes(check(p)) == ["canary-missing-write"]
+    res = check(p, missing_writes=False)
+    assert res.ok and res.steps[0]["missing"] == []
+
+
+def test_long_page_lists_are_cut_short_in_messages(tmp_path):
+    p = write(tmp_path / "c.kvdump", [dict(step=0, expected=[], changed=list(range(1, 64, 2)))])
+    msg = check(p).findings[0].message
+    assert "32 pages changed" in msg and "... and 16 more" in msg
+
+
+def test_recorder_sorts_and_dedups_and_refuses_bad_pages(tmp_path):
+    p = write(tmp_path / "c.kvdump", [dict(step=0, expected=[5, 2, 5], changed=[2, 5])])
+    with dump.open(p) as d:
+        assert d.records("canary_pages")["page"].tolist() == [2, 5, 2, 5]
+        meta = d.metadata()
+    assert meta["tool"] == "kvconv.probe"
+    with pytest.raises(ValueError):
+        write(tmp_path / "n.kvdump", [dict(step=0, expected=[-1], changed=[])])
+    assert not (tmp_path / "n.kvdump").exists()
+
+
+def test_recorder_needs_an_existing_folder(tmp_path):
+    from kvconv.errors import OutputError
+
+    with pytest.raises(OutputError):
+        CanaryRecorder(tmp_path / "nope" / "c.kvdump")
+
+
+def test_no_canary_records(tmp_path):
+    p = tmp_path / "e.kvdump"
+    with dump.new(p) as w:
+        w.write_metadata({"tool": "t", "tool_version": "0"})
+    res = check(p)
+    assert res.ok and res.steps == [] and res.summary()["records"] == 0
+
+
+# ---- damaged records: raw groups written with dump.new -------------------------------------------------------------
+
+def raw(path, recs, pages, strings=b"L0.index_k", *, drop_count=0, context_id=0):
+    with dump.new(path, context_id=context_id) as w:
+        w.write_metadata({"tool": "t", "tool_version": "0"})
+        w.write_strings(strings)
+        w.write_records("canary", recs, drop_count=drop_count)
+        pg = np.zeros(len(pages), dtype=layout.DTYPES["canary_page"])
+        pg["page"] = pages
+        w.write_records("canary_pages", pg)
+    return path
+
+
+def rec(**kw):
+    r = np.zeros(1, dtype=layout.DTYPES["canary"])
+    base = dict(step=1, buffer_id=0, name_off=0, name_len=10, num_pages=16, page_size=64, compression=4, flags=1,
+                expected_first=0, expected_count=2, changed_first=0, changed_count=2, excluded_first=2,
+                excluded_count=1)
+    for k, v in {**base, **kw}.items():
+        r[k] = v
+    return r
+
+
+def test_raw_record_reads_like_the_recorder(tmp_path):
+    res = check(raw(tmp_path / "r.kvdump", rec(), [3, 4, 0]))
+    assert res.ok and res.steps[0]["expected"] == [3, 4] and res.steps[0]["buffer"] == "L0.index_k"
+
+
+@pytest.mark.parametrize("kw,pages,code,fld", [
+    (dict(changed_first=2, changed_count=5), [3, 4, 0], "canary-pages-range", "canary.changed_first"),
+    (dict(), [4, 3, 0], "canary-pages-unsorted", "canary.expected_first"),
+    (dict(), [3, 3, 0], "canary-pages-unsorted", "canary.expected_first"),
+    (dict(), [3, 16, 0], "canary-page-range", "canary.expected_first"),
+    (dict(name_off=4, name_len=10), [3, 4, 0], "canary-name-range", "canary.name_off"),
+    (dict(page_size=0), [3, 4, 0], "canary-geometry", "canary.page_size"),
+    (dict(compression=0), [3, 4, 0], "canary-geometry", "canary.compression"),
+])
+def test_damaged_records_are_findings(tmp_path, kw, pages, code, fld):
+    p = raw(tmp_path / "r.kvdump", rec(**kw), pages)
+    res = check(p)
+    f = next(f for f in res.findings if f.code == code)
+    assert f.severity == "error" and f.field == fld and f.record == 0
+    with dump.open(p) as d:
+        g = d.groups_of("canary")[0]
+        assert f.offset == g.record_offset(0) + layout.LAYOUTS["canary"].field(fld.split(".")[1]).offset
+    assert not res.ok
+    r = run_cli("canary", p)
+    assert r.returncode == 1 and code in r.stdout and "Traceback" not in r.stderr
+
+
+def test_unreadable_list_skips_the_step_but_not_the_others(tmp_path):
+    recs = np.concatenate([rec(step=1, changed_first=9), rec(step=2)])
+    res = check(raw(tmp_path / "r.kvdump", recs, [3, 4, 0]))
+    assert [s["step"] for s in res.steps] == [2] and res.records == 2
+    assert [f.record for f in res.findings] == [0]
+
+
+def test_unknown_flags_and_drops_are_warnings(tmp_path):
+    res = check(raw(tmp_path / "r.kvdump", rec(flags=1 | 8), [3, 4, 0], drop_count=3))
+    assert res.ok and codes(res) == ["canary-dropped", "canary-flags"]
+    assert {f.severity for f in res.findings} == {"warning"}
+
+
+def test_two_contexts_and_two_groups(tmp_path):
+    p = tmp_path / "m.kvdump"
+    with dump.new(p) as w:
+        for ctx in (0, 1):
+            w.write_strings(b"L0.index_k", context_id=ctx)
+            w.write_records("canary", rec(step=1), context_id=ctx)
+            w.write_records("canary", rec(step=2, changed_first=0, changed_count=3), context_id=ctx)
+            pg = np.zeros(3, dtype=layout.DTYPES["canary_page"])
+            pg["page"] = [3, 4, 9] if ctx else [3, 4, 0]
+            w.write_records("canary_pages", pg, context_id=ctx)
+    res = check(p)
+    assert [(s["context_id"], s["step"], s["record"]) for s in res.steps] == [
+        (0, 1, 0), (0, 2, 1), (1, 1, 0), (1, 2, 1)]
+    # context 0: page 0 changed at step 2 but is excluded; context 1: page 9 changed (and is its excluded page)
+    assert [s["unexpected"] for s in res.steps] == [[], [], [], []]
+    assert res.steps[3]["excluded"] == [9]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 63)), st.sets(st.integers(0, 63)), st.sets(st.integers(0, 63)))
+def test_set_arithmetic(tmp_path_factory, exp, chg, exc):
+    p = write(tmp_path_factory.mktemp("h") / "h.kvdump", [dict(step=0, expected=exp, changed=chg, excluded=exc)])
+    (s,) = check(p).steps
+    assert s["unexpected"] == sorted(chg - exp - exc)
+    assert s["missing"] == sorted(exp - chg - exc)
+
+
+# ---- CLI ------------------------------------------------------------------------------------------------------------
+
+def test_cli_exit_codes_and_json_schema(tmp_path):
+    good = write(tmp_path / "g.kvdump", [dict(step=0, expected=[3], changed=[3])])
+    bad = write(tmp_path / "b.kvdump", [dict(step=0, expected=[3], changed=[3, 5])])
+    r = run_cli("canary", good)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("ok")
+    r = run_cli("canary", bad)
+    assert r.returncode == 1 and "canary-unexpected-write" in r.stdout and "unexpected [5]" in r.stdout
+    for p, code in ((good, 0), (bad, 1)):
+        r = run_cli("canary", p, "--json")
+        assert r.returncode == code
+        obj = json.loads(r.stdout)
+        jsonschema.validate(obj, SCHEMA)
+        assert obj["ok"] is (code == 0)
+    r = run_cli("canary", good, "--all")
+    assert "step 0 buffer 'L0.index_k'" in r.stdout
+
+
+def test_cli_unreadable_input(tmp_path):
+    r = run_cli("canary", tmp_path / "missing.kvdump")
+    assert r.returncode == 2 and r.stderr.startswith("Error:") and "Traceback" not in r.stderr
+    (tmp_path / "junk").write_bytes(b"x" * 100)
+    r = run_cli("canary", tmp_path / "junk")
+    assert r.returncode == 2 and "bad magic" in r.stderr
+
+
+def test_probe_import_needs_no_torch():
+    code = ("import sys, kvconv.probe, kvconv.canary, kvconv.cli_canary; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,320 @@
+"""Emitters: outputs read back by their own readers (perfetto protos, json + jsonschema, pyarrow, DuckDB)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, ROOT, run_cli
+from kvconv import dump, layout
+from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
+from kvconv.emit import _text, _wire
+
+pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+
+_spec = importlib.util.spec_from_file_location("make_synthetic", FIXTURES / "synthetic-multi" / "make_synthetic.py")
+synth = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synth)
+
+PAIR = [FIXTURES / "synthetic-multi" / "rank0.kvdump", FIXTURES / "synthetic-multi" / "rank1.kvdump"]
+
+
+def _trace(path) -> "pb.Trace":
+    t = pb.Trace()
+    t.ParseFromString(Path(path).read_bytes())
+    return t
+
+
+@pytest.fixture(scope="module")
+def pair_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pf") / "tp.pftrace"
+    res = write_perfetto(PAIR, out)
+    return res, _trace(out), out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the vectorised encoders against the reference encoders
+
+
+def test_wire_equals_protobuf_serializer():
+    rng = np.random.default_rng(7)
+    n = 3000
+    ts = rng.integers(0, 2**63, n, dtype=np.uint64) >> rng.integers(0, 63, n).astype(np.uint64)
+    iid = rng.integers(1, 400, n).astype(np.uint64)
+    uuid = rng.integers(0, 2**40, n).astype(np.uint64)
+    bx = rng.integers(0, 70000, n).astype(np.uint64)
+    flow = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    has = rng.random(n) < 0.5
+    k = rng.integers(0, 4, n)
+    fl2 = rng.integers(0, 2**64 - 1, (n, 3), dtype=np.uint64)
+    te = [_wire.msg(4, [_wire.const(b"\x08\x01"), _wire.varint(3, bx)], present=rng.random(n) < 0.7),
+          _wire.const(b"\x48\x03"), _wire.varint(10, iid), _wire.varint(11, uuid),
+          _wire.rfixed64(47, fl2, np.minimum(k, 3)), _wire.fixed64(48, flow, present=has)]
+    ann_present = te[0].present
+    pk = [_wire.varint(8, ts), _wire.const(b"\x50\x05"), _wire.msg(11, te), _wire.const(b"\x68\x02")]
+    data, order = _wire.encode([_wire.msg(1, pk)], n)
+    order = np.arange(n) if order is None else order
+    ref = pb.Trace()
+    for i in order.tolist():
+        p = ref.packet.add()
+        p.timestamp = int(ts[i])
+        p.trusted_packet_sequence_id = 5
+        p.sequence_flags = 2
+        e = p.track_event
+        if ann_present[i]:
+            a = e.debug_annotations.add()
+            a.name_iid, a.uint_value = 1, int(bx[i])
+        e.type, e.name_iid, e.track_uuid = 3, int(iid[i]), int(uuid[i])
+        e.flow_ids.extend(int(x) for x in fl2[i, : min(k[i], 3)])
+        if has[i]:
+            e.terminating_flow_ids.append(int(flow[i]))
+    assert data == ref.SerializeToString()
+
+
+def test_text_rows_parse_like_json_dump():
+    rng = np.random.default_rng(3)
+    n = 2000
+    ns = rng.integers(0, 10**16, n)
+    v = rng.integers(0, 10**12, n) >> rng.integers(0, 40, n)
+    names = [json.dumps(s).encode() for s in ("a", 'b"q', "ü")]
+    nid = rng.integers(0, 3, n)
+    rows = [_text.lit(',\n{"ts":'), _text.ts_us(ns), _text.lit(',"v":'), _text.uint(v), _text.lit(',"name":'),
+            _text.choice(nid, names), _text.lit("}")]
+    got = json.loads("[" + _text.render(rows, n).decode()[1:] + "]")
+    want = [{"ts": int(a) / 1000, "v": int(b), "name": json.loads(names[c])} for a, b, c in zip(ns, v, nid)]
+    key = lambda e: (e["ts"], e["v"], e["name"])  # noqa: E731 - rows may be grouped by name
+    assert sorted(got, key=key) == sorted(want, key=key)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Perfetto
+
+
+def test_perfetto_tree_counts_clocks_interning(pair_trace):
+    res, tr, _ = pair_trace
+    assert res.contexts == 2 and res.written_events == 2 * (280 + 64)
+    descs = {p.track_descriptor.uuid: p.track_descriptor for p in tr.packet if p.HasField("track_descriptor")}
+    roots = [d for d in descs.values() if not d.HasField("parent_uuid")]
+    assert sorted(d.name.split(" ±")[0] for d in roots) == ["GPU 0 · ctx 0 · rank0.kvdump",
+                                                            "GPU 1 · ctx 0 · rank1.kvdump"]
+
+    def path(u):
+        out = []
+        while u in descs:
+            out.append(descs[u].name)
+            u = descs[u].parent_uuid if descs[u].HasField("parent_uuid") else None
+        return " / ".join(reversed(out))
+
+    # sequences: first packet clears incremental state, the rest that use interning need it
+    by_seq = defaultdict(list)
+    for p in tr.packet:
+        by_seq[p.trusted_packet_sequence_id].append(p)
+    names: dict[int, dict[int, str]] = {}
+    for seq, ps in by_seq.items():
+        if seq == 1:
+            assert all(p.HasField("track_descriptor") for p in ps)
+            continue
+        assert ps[0].sequence_flags == 1 and ps[0].HasField("interned_data")
+        names[seq] = {e.iid: e.name for e in ps[0].interned_data.event_names}
+        for p in ps[1:]:
+            if p.HasField("track_event"):
+                assert p.sequence_flags == 2
+    per_track = defaultdict(Counter)
+    flows_out, flows_in = set(), set()
+    for p in tr.packet:
+        if not p.HasField("track_event"):
+            continue
+        e = p.track_event
+        if e.HasField("name_iid"):
+            assert e.name_iid in names[p.trusted_packet_sequence_id]
+        per_track[path(e.track_uuid)][e.type] += 1
+        flows_out.update(e.flow_ids)
+        flows_in.update(e.terminating_flow_ids)
+    for r in ("rank0", "rank1"):
+        g = [k for k in per_track if r in k]
+        sm = sum(per_track[k][3] for k in g if "/ device blocks / SM" in k)
+        assert sm == 280 + 64
+        assert sum(per_track[k][1] for k in g if k.endswith("/ replays")) == 7
+        assert sum(per_track[k][1] + per_track[k][3] for k in g if "/ nodes" in k) == 280
+        assert sum(per_track[k][3] for k in g if k.endswith("/ host node launches")) == 280
+        assert sum(per_track[k][3] for k in g if "eager launches" in k) == 1
+    assert flows_out == flows_in and len(flows_in) == res.flows == 2 * (280 + 16)
+    # clock snapshots: device clock (sequence-scoped 64) against CLOCK_MONOTONIC, on the device sequence
+    snaps = [p for p in tr.packet if p.HasField("clock_snapshot")]
+    assert len(snaps) == 20
+    for p in snaps:
+        assert sorted(c.clock_id for c in p.clock_snapshot.clocks) == [3, 64]
+        assert p.clock_snapshot.primary_trace_clock == 3
+        first = by_seq[p.trusted_packet_sequence_id][0]
+        assert first.trace_packet_defaults.timestamp_clock_id == 64
+    assert [a["pairs"] for a in res.alignment] == [10, 10]
+    assert all(a["bound_ns"] == a["uncertainty_ns"] + a["drift_ns"] for a in res.alignment)
+
+
+def test_perfetto_device_packets_equal_reference(pair_trace):
+    """Each block-entry packet equals what perfetto's protos serialize for the same event."""
+    _, tr, _ = pair_trace
+    got = [p for p in tr.packet if p.HasField("track_event") and p.track_event.debug_annotations
+           and p.track_event.debug_annotations[0].name_iid == 1 and p.trusted_packet_sequence_id == 2
+           and p.track_event.type == 3 and p.track_event.track_uuid >= (1 << 24) + 0x10000]
+    with dump.open(PAIR[0]) as d:
+        ev = d.records("device_event")
+        gn_grid = {int(g): i for i, g in enumerate(d.records("graph_node")["grid_id"])}
+        seen = Counter()
+        ref = []
+        for i, r in enumerate(ev):
+            p = pb.TracePacket()
+            p.timestamp = int(r["globaltimer"])
+            p.trusted_packet_sequence_id = 2
+            p.sequence_flags = 2
+            e = p.track_event
+            a = e.debug_annotations.add()
+            a.name_iid, a.uint_value = 1, int(r["block_x"])
+            e.type, e.name_iid, e.track_uuid = 3, 1, (1 << 24) + 0x10000 + int(r["smid"])
+            host = gn_grid.get(int(r["gridid"]), "eager")
+            seen[host] += 1
+            if seen[host] <= 16:
+                e.terminating_flow_ids.append((1 << 40) | i)
+            ref.append(p.SerializeToString())
+    assert sorted(p.SerializeToString() for p in got) == sorted(ref)
+
+
+def test_perfetto_deterministic_chunked_and_refuses_input(tmp_path):
+    a, b, c = tmp_path / "a.pftrace", tmp_path / "b.pftrace", tmp_path / "c.pftrace"
+    write_perfetto(PAIR, a)
+    write_perfetto(PAIR, b)
+    assert a.read_bytes() == b.read_bytes()
+    write_perfetto(PAIR, c, options=EmitOptions(chunk=7))
+    ser = lambda p: Counter(x.SerializeToString() for x in _trace(p).packet)  # noqa: E731
+    assert ser(a) == ser(c)
+    r = run_cli("perfetto", str(PAIR[0]), "-o", str(PAIR[0]))
+    assert r.returncode == 1 and "overwrite an input" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_perfetto_replays_and_window(tmp_path):
+    out = tmp_path / "w.pftrace"
+    res = write_perfetto(PAIR[:1], out, options=EmitOptions(replays=(2, 3)))
+    assert res.written_events == 80 and res.host_records == 80
+    res = write_perfetto(PAIR[:1], out, options=EmitOptions(window_ms=(0, 1)))
+    assert 0 < res.written_events < 344
+
+
+def test_big_trace_warning(tmp_path):
+    res = write_perfetto(PAIR[:1], tmp_path / "x.pftrace", options=EmitOptions(ui_limit_bytes=1000))
+    assert any("--window" in w for w in res.warnings)
+
+
+def test_streaming_gridid_join_matches_reconcile(tmp_path):
+    a, b = tmp_path / "a.pftrace", tmp_path / "b.pftrace"
+    ra = write_perfetto(PAIR[:1], a, options=EmitOptions(reconcile="always"))
+    rb = write_perfetto(PAIR[:1], b, options=EmitOptions(reconcile="never"))
+    assert ra.flows == rb.flows == 296
+    assert rb.join == ["exact(gridid)"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Chrome JSON
+
+
+def test_chrome_schema_events_flows_alignment(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    out = tmp_path / "t.json"
+    res = write_chrome(PAIR, out)
+    doc = json.loads(out.read_text())
+    schema = json.loads((ROOT / "schemas" / "chrome.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert doc["displayTimeUnit"] == "ns"
+    ev = doc["traceEvents"]
+    ph = Counter(e["ph"] for e in ev)
+    assert ph["s"] == ph["f"] == res.flows == 2 * (280 + 16)
+    assert {e["id"] for e in ev if e["ph"] == "s"} == {e["id"] for e in ev if e["ph"] == "f"}
+    blocks = [e for e in ev if e["ph"] == "X" and e["cat"] == "block"]
+    assert len(blocks) == 2 * 344
+    # device times sit on the host timeline through the nearest earlier clock-sync pair
+    with dump.open(PAIR[1]) as d:
+        cs = d.records("clock_sync")
+        e0 = d.records("device_event")[100]
+    i = np.searchsorted(cs["gpu_ns"], e0["globaltimer"], side="right") - 1
+    want = (int(cs["host_ns"][i]) + int(e0["globaltimer"]) - int(cs["gpu_ns"][i])) / 1000
+    hit = [e for e in blocks if e["pid"] == 2 and e["args"]["seq"] == 100]
+    assert hit and hit[0]["ts"] == want
+    assert write_chrome(PAIR, tmp_path / "u.json") and (tmp_path / "u.json").read_bytes() == out.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arrow / Parquet
+
+
+def test_arrow_roundtrip_and_metadata(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.ipc  # noqa: F401
+
+    out = tmp_path / "tables"
+    res = write_arrow(PAIR[:1], out)
+    assert res.written_events == 344
+    f = out / "device_event" / "run=rank0" / "device=0" / "part-ctx0.arrow"
+    t = pa.ipc.open_file(f).read_all()
+    meta = {k.decode(): v.decode() for k, v in t.schema.metadata.items()}
+    assert meta["kvconv.format_version"] == f"{layout.MAJOR}.{layout.MINOR}"
+    assert json.loads(meta["kvconv.run_metadata"])["tool"] == "kvconv-synthetic"
+    assert json.loads(meta["kvconv.alignment"])["pairs"] == 10
+    with dump.open(PAIR[0]) as d:
+        ev = d.records("device_event")
+        for name in ev.dtype.names:
+            assert np.array_equal(t[name].to_numpy(), ev[name]), name
+        gn = pa.ipc.open_file(out / "graph_node" / "run=rank0" / "device=0" / "part-ctx0.arrow").read_all()
+        assert np.array_equal(gn["host_ns"].to_numpy(), d.records("graph_node")["host_ns"])
+    k = pa.ipc.open_file(out / "kernel" / "run=rank0" / "device=0" / "part-ctx0.arrow").read_all()
+    assert "reshape_and_cache_flash_kernel" in k["name"][0].as_py()
+    m = pa.ipc.open_file(out / "matches" / "run=rank0" / "device=0" / "part-ctx0.arrow").read_all()
+    assert m.num_rows == 344 and (m["host_index"].to_numpy() >= 0).all()
+
+
+def test_parquet_dataset_duckdb(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    out = tmp_path / "ds"
+    r = run_cli("arrow", *map(str, PAIR), "-o", str(out), "--format", "parquet")
+    assert r.returncode == 0, r.stderr
+    assert "error bound" in r.stderr
+    q = duckdb.sql(f"""
+        select run, device, count(*) n, count(distinct smid) sms
+        from read_parquet('{out}/device_event/*/*/*.parquet', hive_partitioning=true)
+        group by all order by run""").fetchall()
+    assert [(a, int(b), int(n)) for a, b, n, _ in q] == [("rank0", 0, 344), ("rank1", 1, 344)]
+    j = duckdb.sql(f"""
+        select m.run, count(*) from read_parquet('{out}/matches/*/*/*.parquet', hive_partitioning=true) m
+        where m.host_kind = 6 group by all order by 1""").fetchall()
+    assert j == [("rank0", 280), ("rank1", 280)]
+    h1 = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(out.rglob("*.parquet")))).hexdigest()
+    out2 = tmp_path / "ds2"
+    assert run_cli("arrow", *map(str, PAIR), "-o", str(out2), "--format", "parquet").returncode == 0
+    assert h1 == hashlib.sha256(b"".join(p.read_bytes() for p in sorted(out2.rglob("*.parquet")))).hexdigest()
+
+
+def test_cli_perfetto_and_chrome(tmp_path):
+    r = run_cli("perfetto", *map(str, PAIR), "-o", str(tmp_path / "t.pftrace"))
+    assert r.returncode == 0 and "between two contexts: error bound" in r.stderr, r.stderr
+    r = run_cli("chrome", str(PAIR[0]), "-o", str(tmp_path / "t.json"), "--replays", "1:2", "-q")
+    assert r.returncode == 0 and r.stderr == ""
+    r = run_cli("chrome", str(PAIR[0]), "-o", str(tmp_path / "t.json"), "--window", "x")
+    assert r.returncode == 2 and "START:END" in r.stderr
+
+
+def test_synthetic_large_dump_multi_group(tmp_path):
+    """A bench-shaped dump (several host records per replay, many blocks per launch) through all emitters."""
+    p = tmp_path / "big.kvdump"
+    synth.write_large(p, events=1 << 14, host=1 << 10)
+    r1 = write_perfetto([p], tmp_path / "b.pftrace", options=EmitOptions(chunk=1000, flows=4))
+    assert r1.written_events == 1 << 14 and r1.flows == 4 * (1 << 10)
+    tr = _trace(tmp_path / "b.pftrace")
+    assert sum(1 for x in tr.packet if x.HasField("track_event") and x.track_event.terminating_flow_ids) == 4096
+    r2 = write_chrome([p], tmp_path / "b.json", options=EmitOptions(chunk=1000))
+    assert len(json.loads((tmp_path / "b.json").read_text())["traceEvents"]) > r2.written_events
+    r3 = write_arrow([p], tmp_path / "b", options=EmitOptions(chunk=1000))
+    assert r3.written_events == 1 << 14

@@ -1,0 +1,189 @@
+"""The native tracer: its dump writer read back by kvconv.dump (CPU, CI), its build, the committed H200 fixtures,
+and (with a GPU) a real traced run.
+
+CPU tests build native/build/host_dump_test with `make -C native host` (g++ only) and compare every field it writes
+with what kvconv.dump reads, so CI catches any drift between the C++ writer and the Python reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvconv import dump, layout
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE = ROOT / "native"
+BUILD = NATIVE / "build"
+FIX = ROOT / "fixtures"
+
+needs_gxx = pytest.mark.skipif(shutil.which("make") is None or shutil.which(os.environ.get("CXX", "g++")) is None,
+                               reason="make and g++ are needed to build the host test program")
+
+
+@pytest.fixture(scope="module")
+def host_dump(tmp_path_factory):
+    build = tmp_path_factory.mktemp("native-build")
+    p = subprocess.run(["make", "-C", str(NATIVE), "host", f"BUILD={build}"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = build / "synthetic.kvdump"
+    r = subprocess.run([str(build / "host_dump_test"), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out, r.stdout
+
+
+@needs_gxx
+def test_host_writer_groups_and_headers(host_dump):
+    path, _ = host_dump
+    raw = path.read_bytes()
+    with dump.open(path) as d:
+        assert [g.kind_name for g in d.groups] == ["metadata"] + ["strings", "kernel", "clock_sync", "device_event",
+                                                                  "graph_node", "eager_launch"] * 2
+        assert d.contexts() == [(0, 0), (1, 1)]
+        for g in d.groups:
+            hdr = raw[g.offset:g.offset + 64]
+            assert hdr[:8] == b"KVCDUMP\0"
+            assert int.from_bytes(hdr[60:64], "little") == zlib.crc32(hdr[:60])
+            assert g.major == layout.MAJOR and g.minor == layout.MINOR and g.header_size == 64 and g.flags == 0
+            assert g.crc_ok()
+            assert g.payload_offset % 8 == 0
+        ev = d.groups_of("device_event", context_id=0)[0]
+        assert (ev.capacity, ev.drop_count, ev.clock_domain_name) == (16, 1, "gpu_globaltimer")
+        gn = d.groups_of("graph_node", context_id=0)[0]
+        assert (gn.capacity, gn.drop_count, gn.clock_domain_name) == (8, 0, "host_monotonic")
+    assert raw[-1:] is not None and len(raw) % 8 == 0
+
+
+@needs_gxx
+def test_host_writer_records(host_dump):
+    path, _ = host_dump
+    with dump.open(path) as d:
+        meta = d.metadata()
+        assert meta["tool"] == "kvconv-tracer" and meta["producer"] == 'host "test"\n'
+        assert meta["counters"]["device_event_drops"] == 1
+        assert d.kernel_names(context_id=0) == {1: "reshape_and_cache_flash_kernel"}
+        ev = d.records("device_event", context_id=0)
+        assert ev["sequence"].tolist() == list(range(7))
+        assert ev["gridid"].tolist() == [5, 5, 5, 7, 8, 7, 8]
+        assert ev["tag"].tolist() == [0, 0, 0, 1, 1, 2, 2]
+        assert ev["block_x"].tolist() == [0, 1, 2, 0, 0, 0, 0]
+        assert set(ev["kind"].tolist()) == {layout.ENUMS["event_kind"]["block_enter"]}
+        assert ev["flags"].tolist() == [1, 1, 1, 3, 3, 3, 3]
+        assert (np.diff(ev["globaltimer"].astype(np.int64)) == 1000).all()
+        gn = d.records("graph_node", context_id=0)
+        assert gn["launch_id"].tolist() == [1, 1, 2, 2]
+        assert gn["node"].tolist() == [0x2001, 0x2002, 0x2001, 0x2002]
+        assert gn["grid_id"].tolist() == [7, 8, 7, 8]
+        assert gn["tag"].tolist() == [1, 1, 2, 2]
+        assert set(gn["flags"].tolist()) == {layout.ENUMS["launch_flags"]["graph_node"]
+                                             | layout.ENUMS["launch_flags"]["has_tag"]}
+        el = d.records("eager_launch", context_id=1)
+        assert el[["grid_x", "grid_y", "grid_z", "block_dim_x", "grid_id"]].tolist() == [(3, 1, 1, 128, 5)]
+        cs = d.records("clock_sync", context_id=0)
+        assert cs["flags"].tolist() == [1, 2, 4] and cs["uncertainty_ns"].tolist() == [1500, 1501, 1502]
+        assert len(d.records("device_event", context_id=1)) == 3
+
+
+@needs_gxx
+def test_host_writer_helpers(host_dump):
+    _, out = host_dump
+    lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
+    assert lines["expand"] == "out-42-3-%.bin"
+    assert lines["writable-missing-dir"] == "error"
+    assert lines["crc"] == "cbf43926"  # CRC-32 check value of "123456789", as zlib computes it
+
+
+@needs_gxx
+def test_host_writer_validates(host_dump):
+    path, _ = host_dump
+    from kvconv.validate import validate
+
+    rep = validate(path)
+    assert rep.errors == 0, [f.line() for f in rep.findings]
+
+
+def _tracer_deps() -> bool:
+    p = subprocess.run(["make", "-s", "-C", str(NATIVE), "info"], capture_output=True, text=True)
+    info = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+    return bool(info.get("SANITIZER_LIB") and info.get("CUDA_H_DIR"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None or shutil.which("g++") is None, reason="no make/g++")
+def test_tracer_library_builds(tmp_path):
+    if not _tracer_deps():
+        pytest.skip("sanitizer headers/lib or cuda.h not found (pip install nvidia-cuda-sanitizer-api==13.0.* "
+                    "nvidia-cuda-runtime==13.0.*)")
+    p = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={tmp_path}", str(tmp_path / "libkvconv_tracer.so")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "libkvconv_tracer.so")], capture_output=True,
+                          text=True).stdout
+    assert " InitializeInjection" in syms
+    if shutil.which("nvcc") or Path("/usr/local/cuda-13.0/bin/nvcc").exists():
+        p = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={tmp_path}", str(tmp_path / "kvconv_patch.fatbin")],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------- committed H200 runs
+def _reconcile(path, join="auto"):
+    from kvconv import reconcile
+
+    with dump.open(path) as d:
+        res = reconcile.reconcile(d, options=reconcile.ReconcileOptions(join=join))
+        return res, d.metadata()
+
+
+@pytest.mark.parametrize("path", ["h200-single/single.kvdump", "h200-twostream/twostream.kvdump",
+                                  "h200-twoproc/procA.kvdump", "h200-twoproc/procB.kvdump"])
+def test_h200_fixture_agreement(path):
+    res, meta = _reconcile(FIX / path)
+    assert res.ok
+    assert "280 graph-node records = 280 expected executions = 280 device events, 0 drops" in res.agreement_line()
+    m = res.matches
+    assert len(m) == 1760 and (m["host_index"] >= 0).all() and (m["join"] == 1).all()  # every event, exact join
+    c = meta["counters"]
+    assert c["device_event_drops"] == c["graph_node_table_drops"] == c["eager_table_drops"] == 0
+    assert c["sanitizer_errors"] == 0 and c["target_launches"] == 320
+
+
+def test_h200_first_launch_fully_covered():
+    with dump.open(FIX / "h200-single/single.kvdump") as d:
+        el = d.records("eager_launch")
+        ev = d.records("device_event")
+        first = el[np.argsort(el["host_ns"])[0]]
+        n = int(((ev["gridid"] == first["grid_id"]) & (ev["tag"] == 0)).sum())
+        assert n == int(first["grid_x"]) == 37
+
+
+def test_h200_twostream_needs_exact_join():
+    exact, _ = _reconcile(FIX / "h200-twostream/twostream.kvdump", "exact")
+    ordered, _ = _reconcile(FIX / "h200-twostream/twostream.kvdump", "ordered")
+    differ = exact.matches["host_index"] != ordered.matches["host_index"]
+    assert int(differ.sum()) == 126  # events the ordered join would give to the wrong graph node
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_traced_workload(tmp_path):
+    p = subprocess.run(["make", "-C", str(NATIVE), "tracer"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    out = tmp_path / "run.kvdump"
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(BUILD / "libkvconv_tracer.so"), KVCONV_OUTPUT=str(out))
+    r = subprocess.run([sys.executable, str(NATIVE / "workloads" / "kv_decode.py"), "--streams", "2"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["check_ok"]
+    res, meta = _reconcile(out)
+    assert res.ok and "280 graph-node records = 280 expected executions = 280 device events, 0 drops" in \
+        res.agreement_line()
