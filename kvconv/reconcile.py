@@ -296,6 +296,7 @@ class _Context:
         self._dedup()
         self._join()
         self._count_blocks()
+        self._check_ordered_against_gridid()
         self._graph_device()
         self._report()
         self._flush_unlisted()
@@ -578,6 +579,29 @@ class _Context:
                          "gridid and cannot be joined exactly", listed=False)
         else:
             self._join_ordered()
+
+    def _check_ordered_against_gridid(self) -> None:
+        """An ordered join forced on events that carry %gridid is checked against the grid id each event names.
+
+        Where they disagree, the device order is not the host order (a multi-stream graph, concurrent kernels):
+        the ordered answer for those events is wrong, so it is reported and their launch/node attribution is
+        withdrawn (they keep their replay; block counts were taken before, per replay they still agree)."""
+        if self.mode != "ordered":
+            return
+        m = (self.m_host >= 0) & self.ev_has_gid
+        bad = np.zeros(len(m), bool)
+        bad[m] = self.h_gid[self.m_host[m]] != self.ev_gridid[m]
+        n = int(bad.sum())
+        if not n:
+            return
+        first = int(np.flatnonzero(bad)[0])
+        self.add("warning", "ordered-ambiguous", f"ordered join contradicted by %gridid for {n:,} device events: "
+                 "the device order is not the host order (a multi-stream graph or concurrent kernels), so these "
+                 "events keep their replay but not a launch or node; use --join exact",
+                 kind="device_event", index=int(self.ev_idx[first]), count=n)
+        self.m_host[bad] = -1
+        self.m_ordinal[bad] = -1
+        self.ordered_contradicted = n
 
     def _join_exact(self) -> None:
         hv = np.flatnonzero(~self.h_dup)

@@ -107,7 +107,9 @@ def test_host_writer_validates(host_dump):
     from kvconv.validate import validate
 
     rep = validate(path)
-    assert rep.errors == 0, [f.line() for f in rep.findings]
+    # the synthetic dump drops one device event on purpose: that, and nothing structural, is what validate reports
+    codes = {f.code for f in rep.findings if f.severity == "error"}
+    assert codes == {"dropped"}, [f.line() for f in rep.findings]
 
 
 def _tracer_deps() -> bool:
@@ -169,7 +171,13 @@ def test_h200_twostream_needs_exact_join():
     exact, _ = _reconcile(FIX / "h200-twostream/twostream.kvdump", "exact")
     ordered, _ = _reconcile(FIX / "h200-twostream/twostream.kvdump", "ordered")
     differ = exact.matches["host_index"] != ordered.matches["host_index"]
-    assert int(differ.sum()) == 126  # events the ordered join would give to the wrong graph node
+    # 126 events land out of host order on the device; forced ordered, the join withdraws their node (it cannot
+    # know it) and says so, instead of giving them to the wrong node.
+    assert int(differ.sum()) == 126
+    assert (ordered.matches["host_index"][differ] == -1).all()
+    assert (ordered.matches["replay"][differ] == exact.matches["replay"][differ]).all()
+    amb = [f for f in ordered.findings if f.code == "ordered-ambiguous"]
+    assert len(amb) == 1 and amb[0].count == 126
 
 
 # ---------------------------------------------------------------------------------------------- GPU
