@@ -1,0 +1,124 @@
+"""``kvconv perfetto | chrome | arrow``: convert dumps for trace viewers and data tools.
+
+    $ kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace        # open in ui.perfetto.dev
+    $ kvconv chrome run.kvdump -o run.json                           # chrome://tracing, Perfetto
+    $ kvconv arrow runs/*.kvdump -o tables/ --format parquet         # DuckDB: read_parquet('tables/device_event/**')
+
+Heavy imports (perfetto protos, pyarrow) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _options(window, replays, flows, reconcile, chunk, progress, **kw):
+    from .emit import EmitOptions
+    from .emit._source import parse_range
+
+    return EmitOptions(window_ms=parse_range(window, what="--window"),
+                       replays=parse_range(replays, what="--replays", cast=int), flows=flows, reconcile=reconcile,
+                       chunk=chunk, progress=progress, **kw)
+
+
+def _report(res, quiet: bool) -> None:
+    from .cli import err
+
+    for wmsg in res.warnings:
+        err(f"warning: {wmsg}")
+    if quiet:
+        return
+    for a in res.alignment:
+        if a["pairs"]:
+            err(f"aligned {a['run']} ctx {a['context_id']} (GPU {a['device_id']}): {a['pairs']} clock-sync pairs, "
+                f"error bound ±{a['bound_ns'] / 1000:.2f} µs (uncertainty {a['uncertainty_ns'] / 1000:.2f} µs + "
+                f"drift between pairs {a['drift_ns'] / 1000:.2f} µs)")
+        else:
+            err(f"not aligned {a['run']} ctx {a['context_id']} (GPU {a['device_id']}): no clock-sync pairs")
+    if len(res.alignment) > 1 and all(a["pairs"] for a in res.alignment):
+        worst = sorted((a["bound_ns"] for a in res.alignment), reverse=True)[:2]
+        err(f"between two contexts: error bound ±{sum(worst) / 1000:.2f} µs")
+    sys.stdout.write(f"wrote {res.output}: {res.contexts} context(s), {res.written_events:,} device events, "
+                     f"{res.host_records:,} host records, {res.flows:,} flows, {res.bytes_written:,} bytes\n")
+
+
+_WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
+                       help="keep device events from START to END ms after each context's first device event")
+_REPLAYS = typer.Option(None, "--replays", metavar="FIRST:LAST", help="keep only graph replays FIRST..LAST")
+_FLOWS = typer.Option(16, "--flows", help="flows from each host launch to at most this many device blocks (0: none)")
+_RECONCILE = typer.Option("auto", "--reconcile", help="auto | always | never (never: streaming exact gridid join)")
+_CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
+_PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress bar (default: only on a terminal)")
+_QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
+_DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def perfetto(
+        dumps: List[Path] = _DUMPS,
+        out: Path = typer.Option(..., "-o", "--out", help="output .pftrace"),
+        window: Optional[str] = _WINDOW,
+        replays: Optional[str] = _REPLAYS,
+        flows: int = _FLOWS,
+        reconcile: str = _RECONCILE,
+        chunk: int = _CHUNK,
+        progress: Optional[bool] = _PROGRESS,
+        quiet: bool = _QUIET,
+    ) -> None:
+        """Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.
+
+        Example: kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace
+        """
+        from .emit.perfetto import write_perfetto
+
+        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress))
+        _report(res, quiet)
+
+    @app.command()
+    def chrome(
+        dumps: List[Path] = _DUMPS,
+        out: Path = typer.Option(..., "-o", "--out", help="output .json"),
+        window: Optional[str] = _WINDOW,
+        replays: Optional[str] = _REPLAYS,
+        flows: int = _FLOWS,
+        reconcile: str = _RECONCILE,
+        chunk: int = _CHUNK,
+        progress: Optional[bool] = _PROGRESS,
+        quiet: bool = _QUIET,
+    ) -> None:
+        """Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.
+
+        Example: kvconv chrome run.kvdump -o run.json --replays 1:3
+        """
+        from .emit.chrome import write_chrome
+
+        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress))
+        _report(res, quiet)
+
+    @app.command()
+    def arrow(
+        dumps: List[Path] = _DUMPS,
+        out: Path = typer.Option(..., "-o", "--out", help="output folder (a partitioned dataset)"),
+        fmt: str = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet"),
+        compression: str = typer.Option("none", "--compression", help="none, lz4 or zstd"),
+        reconcile: str = _RECONCILE,
+        chunk: int = _CHUNK,
+        progress: Optional[bool] = _PROGRESS,
+        quiet: bool = _QUIET,
+    ) -> None:
+        """Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and
+        device.
+
+        Example: kvconv arrow runs/*.kvdump -o tables/ --format parquet
+        """
+        from .emit.arrow import write_arrow
+
+        opts = _options(None, None, 0, reconcile, chunk, progress, arrow_format=fmt,
+                        compression=None if compression == "none" else compression)
+        res = write_arrow(dumps, out, options=opts)
+        _report(res, quiet)

@@ -1,0 +1,268 @@
+"""Arrow IPC / Parquet tables of one or more dumps: one table per record kind plus the reconciled matches.
+
+Layout (a Hive-partitioned dataset, so several dumps read as one table)::
+
+    OUT/<table>/run=<dump name>/device=<device id>/part-ctx<context id>.arrow|.parquet
+
+Tables: device_event (streamed in chunks), graph_node, eager_launch, kernel (with function and module names),
+clock_sync, canary (with buffer name), canary_pages, metadata (the run metadata JSON), strings, matches (one row
+per device event: the host record it joins, replay, node ordinal, join kind). Every file's schema metadata holds the
+dump format version, the table name, the run metadata and the clock alignment of its context.
+
+Columns come out of the record structs in one pass: the chunk, viewed as 8-byte words, is transposed in cache-sized
+blocks; 8-byte fields are then rows of the transposed words (no further copy), narrower fields are picked out of
+their word. Single-field kinds (canary_pages, the byte blobs) are handed to Arrow without copying.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .. import layout
+from ._source import EmitOptions, EmitResult, Progress, open_contexts
+
+BLOCK = 8192  # rows per transpose block (8192 x 64 bytes stays in L2)
+MATCH_NP = [("context_id", "<u4"), ("device_index", "<i8"), ("host_kind", "<u2"), ("host_index", "<i8"),
+            ("replay", "<u8"), ("node_ordinal", "<i4"), ("join", "u1")]
+
+
+def _pa():
+    import pyarrow as pa
+
+    return pa
+
+
+class Deinterleave:
+    """Struct-of-arrays from array-of-structs, reusing one transposed-words buffer."""
+
+    def __init__(self, dtype: np.dtype, chunk: int) -> None:
+        self.dtype = dtype
+        self.fields = [(name, dtype.fields[name][0], dtype.fields[name][1]) for name in dtype.names]
+        self.words = dtype.itemsize // 8 if dtype.itemsize % 8 == 0 else 0
+        self.buf = np.empty((self.words, chunk), np.uint64) if self.words else None
+
+    def __call__(self, recs: np.ndarray) -> dict[str, np.ndarray]:
+        n = len(recs)
+        if not self.words or not recs.flags.c_contiguous:
+            return {name: np.ascontiguousarray(recs[name]) for name, _, _ in self.fields}
+        if self.buf.shape[1] < n:
+            self.buf = np.empty((self.words, n), np.uint64)
+        raw = recs.view(np.uint64).reshape(n, self.words) if n else np.zeros((0, self.words), np.uint64)
+        T = self.buf[:, :n]
+        for s in range(0, n, BLOCK):
+            np.copyto(T[:, s : s + BLOCK], raw[s : s + BLOCK].T)
+        out = {}
+        for name, dt, off in self.fields:
+            w, b = divmod(off, 8)
+            if dt.itemsize == 8 and b == 0:
+                out[name] = T[w].view(dt)
+            else:
+                out[name] = np.ascontiguousarray(T[w].view(np.uint8).reshape(n, 8)[:, b : b + dt.itemsize]).view(
+                    dt).reshape(n)
+        return out
+
+
+def _schema(pa, dtype: np.dtype, extra: list, meta: dict):
+    fields = [pa.field("context_id", pa.uint32())]
+    for name in dtype.names:
+        fields.append(pa.field(name, pa.from_numpy_dtype(dtype.fields[name][0].newbyteorder("="))))
+    fields += extra
+    return pa.schema(fields, metadata=meta)
+
+
+class _Sink:
+    def __init__(self, pa, path: Path, schema, options: EmitOptions) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.pa, self.schema, self.path = pa, schema, path
+        if options.arrow_format == "parquet":
+            import pyarrow.parquet as pq
+
+            self.w = pq.ParquetWriter(str(path), schema, compression=options.compression or "none",
+                                      write_statistics=True)
+            self.pq = True
+        else:
+            opts = pa.ipc.IpcWriteOptions(compression=options.compression)
+            self.w = pa.ipc.new_file(str(path), schema, options=opts)
+            self.pq = False
+
+    def write(self, cols: dict) -> None:
+        pa = self.pa
+        arrays = [pa.array(cols[f.name], type=f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
+                  for f in self.schema]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        if self.pq:
+            self.w.write_batch(batch, row_group_size=max(1, len(batch)))
+        else:
+            self.w.write_batch(batch)
+
+    def close(self) -> None:
+        self.w.close()
+
+
+def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
+    """Write the tables of the dumps ``paths`` under the folder ``out`` (atomically: a temporary folder renamed)."""
+    from ..atomic import atomic_output, check_not_input
+
+    pa = _pa()
+    res = EmitResult(output=str(out))
+    warn = warn or res.warnings.append
+    paths = [str(p) for p in paths]
+    check_not_input(out, paths)
+    dumps, ctxs = open_contexts(paths, options, warn)
+    ext = "parquet" if options.arrow_format == "parquet" else "arrow"
+    try:
+        total = sum(c.n_events for c in ctxs)
+        bar = Progress(options.progress, total, "arrow")
+        try:
+            with atomic_output(out, inputs=paths, directory=True) as tmp:
+                for c in ctxs:
+                    _write_context(pa, c, Path(tmp), ext, options, bar, res)
+        finally:
+            bar.close()
+        res.contexts = len(ctxs)
+        res.device_events = total
+        res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
+    finally:
+        for d in dumps:
+            d.close()
+    return res
+
+
+def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: EmitResult) -> None:
+    d = c.dump
+    ctx = c.context_id
+    align = {"run": c.run, "dump": c.label, "context_id": ctx, "device_id": c.device_id, **c.clock.bound()}
+    res.alignment.append(align)
+    res.join.append(c.join)
+    base_meta = {
+        "kvconv.format_version": f"{layout.MAJOR}.{layout.MINOR}",
+        "kvconv.run": c.run,
+        "kvconv.source": c.label,
+        "kvconv.run_metadata": json.dumps(c.meta, sort_keys=True, separators=(",", ":")),
+        "kvconv.alignment": json.dumps(align, sort_keys=True, separators=(",", ":")),
+        "kvconv.join": c.join,
+    }
+
+    def path(table: str) -> Path:
+        return root / table / f"run={c.run}" / f"device={c.device_id}" / f"part-ctx{ctx}.{ext}"
+
+    def sink(table: str, dtype: np.dtype | None, extra=(), fields=None):
+        meta = {**base_meta, "kvconv.table": table}
+        if fields is not None:
+            schema = pa.schema([pa.field("context_id", pa.uint32())] + list(fields), metadata=meta)
+        else:
+            schema = _schema(pa, dtype, list(extra), meta)
+        return _Sink(pa, path(table), schema, options)
+
+    # device events, streamed
+    if c.groups:
+        dt = layout.DTYPES["device_event"]
+        s = sink("device_event", dt)
+        dei = Deinterleave(dt, options.chunk)
+        ctxcol = np.full(options.chunk, ctx, np.uint32)
+        for first, recs in c.chunks(options.chunk, verify=options.verify_checksums):
+            cols = dei(recs)
+            cols["context_id"] = ctxcol[: len(recs)]
+            s.write(cols)
+            res.written_events += len(recs)
+            bar(len(recs))
+        s.close()
+    # host launches
+    for kind in ("graph_node", "eager_launch"):
+        recs = d.records(kind, context_id=ctx)
+        if not d.groups_of(kind, context_id=ctx):
+            continue
+        s = sink(kind, layout.DTYPES["host_launch"])
+        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols["context_id"] = np.full(len(recs), ctx, np.uint32)
+        s.write(cols)
+        s.close()
+        res.host_records += len(recs)
+    blob = d.strings(context_id=ctx)
+    # kernel table with names
+    if d.groups_of("kernel", context_id=ctx):
+        recs = d.records("kernel", context_id=ctx)
+        s = sink("kernel", layout.DTYPES["kernel"], [pa.field("name", pa.string()), pa.field("module", pa.string())])
+        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols["context_id"] = np.full(len(recs), ctx, np.uint32)
+        cols["name"] = [blob[int(o) : int(o) + int(n)].decode("utf-8", "replace")
+                        for o, n in zip(recs["name_off"], recs["name_len"])]
+        cols["module"] = [blob[int(o) : int(o) + int(n)].decode("utf-8", "replace")
+                          for o, n in zip(recs["module_off"], recs["module_len"])]
+        s.write(cols)
+        s.close()
+    if d.groups_of("clock_sync", context_id=ctx):
+        recs = d.records("clock_sync", context_id=ctx)
+        s = sink("clock_sync", layout.DTYPES["clock_sync"])
+        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols["context_id"] = np.full(len(recs), ctx, np.uint32)
+        s.write(cols)
+        s.close()
+    if d.groups_of("canary", context_id=ctx):
+        recs = d.records("canary", context_id=ctx)
+        s = sink("canary", layout.DTYPES["canary"], [pa.field("buffer", pa.string())])
+        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols["context_id"] = np.full(len(recs), ctx, np.uint32)
+        cols["buffer"] = [blob[int(o) : int(o) + int(n)].decode("utf-8", "replace")
+                          for o, n in zip(recs["name_off"], recs["name_len"])]
+        s.write(cols)
+        s.close()
+    if d.groups_of("canary_pages", context_id=ctx):
+        recs = d.records("canary_pages", context_id=ctx)
+        s = sink("canary_pages", layout.DTYPES["canary_page"])
+        s.write({"context_id": np.full(len(recs), ctx, np.uint32), "page": recs.view(np.uint32).reshape(-1)})
+        s.close()
+    if d.groups_of("metadata", context_id=ctx):
+        s = sink("metadata", None, fields=[pa.field("json", pa.string())])
+        s.write({"context_id": np.array([ctx], np.uint32),
+                 "json": [json.dumps(d.metadata(context_id=ctx), sort_keys=True)]})
+        s.close()
+    if d.groups_of("strings", context_id=ctx):
+        s = sink("strings", None, fields=[pa.field("blob", pa.binary())])
+        s.write({"context_id": np.array([ctx], np.uint32), "blob": pa.array([blob], pa.binary())})
+        s.close()
+    # matches
+    if c.n_events:
+        mt = np.dtype(MATCH_NP)
+        s = sink("matches", mt, [pa.field("join_name", pa.dictionary(pa.int8(), pa.string()))])
+        rr = c.reconcile_result
+        if rr is not None:
+            m = rr.matches[rr.matches["context_id"] == ctx]
+            cols = {n: np.ascontiguousarray(m[n]) for n in m.dtype.names}
+            cols["join_name"] = _join_names(pa, m["join"])
+            s.write(cols)
+        else:
+            h = c.host
+            for first, recs in c.chunks(options.chunk):
+                hid = c.match(first, recs) if h.n else np.full(len(recs), -1, np.int64)
+                ok = hid >= 0
+                hp = np.minimum(np.maximum(hid, 0), max(h.n - 1, 0))
+                if not h.n:  # nothing to gather from: a one-row stand-in table
+                    h = _empty_host(h)
+                kind = np.where(ok, h.kind[hp], 0).astype(np.uint16)
+                hidx = np.where(ok, h.index[hp], -1)
+                cols = {"context_id": np.full(len(recs), ctx, np.uint32),
+                        "device_index": np.arange(first, first + len(recs), dtype=np.int64),
+                        "host_kind": kind, "host_index": hidx,
+                        "replay": np.where(ok, h.launch_id[hp], 0).astype(np.uint64),
+                        "node_ordinal": np.where(ok, h.node_ordinal[hp], -1).astype(np.int32),
+                        "join": ok.astype(np.uint8),
+                        "join_name": _join_names(pa, ok.astype(np.uint8))}
+                s.write(cols)
+        s.close()
+    _ = os
+
+
+def _empty_host(h):
+    from dataclasses import replace
+
+    z = lambda dt: np.zeros(1, dt)  # noqa: E731
+    return replace(h, kind=z(np.uint16), index=z(np.int64), launch_id=z(np.uint64), node_ordinal=z(np.int32))
+
+
+def _join_names(pa, join: np.ndarray):
+    return pa.DictionaryArray.from_arrays(pa.array(join.astype(np.int8)), pa.array(["none", "exact", "ordered"]))

@@ -1,0 +1,256 @@
+"""Chrome JSON trace-event file (X / i / C / M events, flows s / f, displayTimeUnit ns), streamed chunk by chunk.
+
+The same tracks as the Perfetto trace: each context of every dump is a process (pid), each track a thread (tid).
+The trace-event format has one time base, so device %globaltimer times are placed on the host CLOCK_MONOTONIC
+timeline through the dump's own clock-sync pairs (the nearest earlier pair: host_i + (gpu - gpu_i), the rule
+trace_processor applies to clock snapshots); durations are measured in the device clock alone. The subset written is
+described by ``schemas/chrome.schema.json``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from . import _text as t
+from ._source import (EAGER, GRAPH_NODE, EmitOptions, EmitResult, Progress, event_keep, first_pass, flow_id,
+                      open_contexts, out_size)
+from .perfetto import _Plan, _short
+
+EST_EVENT_BYTES = 130
+
+
+def _j(s: str) -> bytes:
+    return json.dumps(s, ensure_ascii=False).encode()
+
+
+class _Chrome:
+    def __init__(self, pl: _Plan) -> None:
+        self.pl = pl
+        self.c = pl.c
+        self.pid = pl.c.serial + 1
+        self.base = pl.u.base
+
+    def tid(self, uuid) -> np.ndarray | int:
+        return uuid - self.base if np.isscalar(uuid) else (np.asarray(uuid, np.int64) - self.base)
+
+    def meta(self) -> list[bytes]:
+        pl, c, u = self.pl, self.c, self.pl.u
+        b = c.clock.bound()
+        out = []
+
+        def ev(d: dict) -> None:
+            out.append(b",\n" + json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode())
+
+        name = f"GPU {c.device_id} · ctx {c.context_id} · {c.label}"
+        ev({"ph": "M", "pid": self.pid, "name": "process_name", "args": {"name": name}})
+        ev({"ph": "M", "pid": self.pid, "name": "process_sort_index", "args": {"sort_index": self.pid}})
+        ev({"ph": "M", "pid": self.pid, "name": "process_labels",
+            "args": {"labels": f"clock-sync pairs {b['pairs']}, alignment ±{(b['bound_ns'] or 0) / 1000:.2f} µs"}})
+        rank = [0]
+
+        def thread(uuid, tname):
+            tid = int(self.tid(uuid))
+            ev({"ph": "M", "pid": self.pid, "tid": tid, "name": "thread_name", "args": {"name": tname}})
+            ev({"ph": "M", "pid": self.pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": rank[0]}})
+            rank[0] += 1
+
+        for j, e in enumerate(pl.execs):
+            for ln in range(pl.replay_lanes.get(j, 0)):
+                thread(u.exec_replays(j, ln), f"graph exec {e:#x} · replays" + (f" ({ln + 1})" if ln else ""))
+            for ln in range(pl.node_lanes.get(j, 0)):
+                thread(u.exec_nodes(j, ln), f"graph exec {e:#x} · nodes" + (f" ({ln + 1})" if ln else ""))
+            thread(u.exec_host(j), f"graph exec {e:#x} · host node launches")
+        for i, s in enumerate(pl.streams):
+            thread(u.stream(i), f"eager launches · stream {s:#x}")
+        for s in np.flatnonzero(pl.agg.sm_count).tolist():
+            thread(u.sm(s), f"SM {s}")
+        if pl.canary:
+            thread(u.canary, "canary")
+            for s in pl.canary:
+                bad = len(s.get("unexpected", [])) + len(s.get("missing", []))
+                ev({"ph": "i", "s": "t", "pid": self.pid, "tid": int(self.tid(u.canary)), "ts": s["host_ns"] / 1000,
+                    "name": f"step {s['step']} {s.get('buffer', s.get('buffer_id'))}: " + ("ok" if not bad else
+                                                                                         f"{bad} pages off"),
+                    "args": {k: len(s.get(k, [])) for k in ("expected", "changed", "unexpected", "missing")}})
+        for r in c.clock.pairs:
+            ev({"ph": "i", "s": "p", "pid": self.pid, "tid": 0, "ts": int(r["host_ns"]) / 1000, "name": "clock sync",
+                "args": {"gpu_ns": int(r["gpu_ns"]), "uncertainty_ns": int(r["uncertainty_ns"])}})
+        return out
+
+    def host(self) -> tuple[list, int]:
+        pl, c, h, agg, u = self.pl, self.c, self.c.host, self.pl.agg, self.pl.u
+        rows = pl.host_rows
+        n = len(rows)
+        if not n:
+            return [], 0
+        tid = np.empty(n, np.int64)
+        kind = h.kind[rows]
+        for j, e in enumerate(pl.execs):
+            tid[(kind == GRAPH_NODE) & (h.graph_exec[rows] == np.uint64(e))] = self.tid(u.exec_host(j))
+        for i, s in enumerate(pl.streams):
+            tid[(kind == EAGER) & (h.stream[rows] == np.uint64(s))] = self.tid(u.stream(i))
+        us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
+        names = us.tolist()
+        nid = nid.reshape(-1)
+        hn = h.host_ns[rows]
+        parts = t.render_parts([
+            t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(hn),
+            t.lit(',"dur":0,"name":'), t.choice(nid, [_j(c.kernel_name(s)) for s in names]),
+            t.lit(',"cat":"host","args":{"replay":'), t.uint(h.launch_id[rows]), t.lit(',"node":'),
+            t.uint(np.maximum(h.node_ordinal[rows], 0)), t.lit(',"grid_id":'), t.uint(h.grid_id[rows]),
+            t.lit(',"blocks_predicted":'), t.uint(np.maximum(h.grid[rows], 0)), t.lit(',"blocks_recorded":'),
+            t.uint(agg.count[rows]), t.lit("}}")], n)
+        # flow starts: one "s" per (host record, device block) flow
+        fd = agg.flow_dev[rows]
+        nfl = 0
+        if fd.shape[1]:
+            r, k = np.nonzero(fd >= 0)
+            nfl = len(r)
+            if nfl:
+                parts += t.render_parts([
+                    t.lit(b',\n{"ph":"s","pid":%d,"tid":' % self.pid), t.uint(tid[r]), t.lit(',"ts":'),
+                    t.ts_us(hn[r]), t.lit(',"id":'), t.uint(flow_id(c, fd[r, k])),
+                    t.lit(',"name":"launch","cat":"flow"}')], nfl)
+        return parts, nfl
+
+    def slices(self) -> list:
+        pl, c, agg, u, h = self.pl, self.c, self.pl.agg, self.pl.u, self.c.host
+        parts = []
+        rows = pl.node_rows
+        if len(rows):
+            st = agg.first_ts[rows]
+            dur = agg.last_ts[rows] - st
+            tid = self.tid(u.exec_nodes(0, 0)) + pl.node_exec * 256 + pl.node_lane
+            inv = {v: k for k, v in pl.dev_names.iid.items()}
+            nm_arr, nid = np.unique(pl.node_name_iid, return_inverse=True)
+            nm = nm_arr.tolist()
+            parts += t.render_parts([
+                t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'),
+                t.ts_us(c.clock.to_host(st.astype(np.uint64))), t.lit(',"dur":'), t.ts_us(dur), t.lit(',"name":'),
+                t.choice(nid.reshape(-1), [_j(inv[v]) for v in nm]),
+                t.lit(',"cat":"node","args":{"replay":'), t.uint(h.launch_id[rows]), t.lit(',"blocks":'),
+                t.uint(agg.count[rows]), t.lit("}}")], len(rows))
+        if pl.replays:
+            r = np.array([(x[2], x[3], x[1]) for x in pl.replays], np.uint64)
+            tid = np.array([self.tid(u.exec_replays(x[0], int(ln))) for x, ln in zip(pl.replays, pl.replay_lane)])
+            parts += t.render_parts([
+                t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'),
+                t.ts_us(c.clock.to_host(r[:, 0].astype(np.uint64))), t.lit(',"dur":'), t.ts_us(r[:, 1] - r[:, 0]),
+                t.lit(',"name":"replay","cat":"replay","args":{"replay":'), t.uint(r[:, 2]), t.lit("}}")], len(r))
+        return parts
+
+    def counters(self) -> list:
+        pl, c, agg = self.pl, self.c, self.pl.agg
+        parts = []
+        hist = agg.hist
+        if len(hist):
+            ch = np.flatnonzero(np.concatenate([[True], hist[1:] != hist[:-1]]))
+            ts = np.append((np.uint64(agg.hist_base) + ch.astype(np.uint64)) * np.uint64(1_000_000),
+                           np.uint64(min((agg.hist_base + len(hist)) * 1_000_000, 2**64 - 1)))
+            vals = np.append(hist[ch], 0)
+            parts += t.render_parts([
+                t.lit(b',\n{"ph":"C","pid":%d,"ts":' % self.pid), t.ts_us(c.clock.to_host(ts)),
+                t.lit(',"name":"block events per ms","args":{"events":'), t.uint(vals), t.lit("}}")], len(ts))
+        if agg.t0 is not None:
+            ts = c.clock.to_host(np.array([agg.t0, agg.t1], np.uint64))
+            parts += t.render_parts([
+                t.lit(b',\n{"ph":"C","pid":%d,"ts":' % self.pid), t.ts_us(ts),
+                t.lit(',"name":"dropped device events","args":{"events":'),
+                t.uint(np.array([0, c.device_drops])), t.lit("}}")], 2)
+        return parts
+
+    def device(self, first: int, recs: np.ndarray) -> tuple[list, int]:
+        pl, c, agg, opt = self.pl, self.c, self.pl.agg, self.pl.opt
+        hid = c.match(first, recs)
+        keep = event_keep(c, recs, hid, opt, agg.t0)
+        dev_index = None
+        if keep is not None:
+            idx = np.flatnonzero(keep)
+            recs, hid, dev_index = recs[idx], hid[idx], first + idx
+        n = len(recs)
+        if not n:
+            return [], 0
+        ts = c.clock.to_host(recs["globaltimer"])
+        tid = recs["smid"].astype(np.int64) + int(self.tid(pl.u.sm(0)))
+        slot = recs["kernel_slot"]
+        kmin, kmax = int(slot.min()), int(slot.max())
+        if kmin == kmax:
+            nid, strings = np.zeros(n, np.int64), [_j(_short(c.kernel_name(kmin)))]
+        else:
+            us, nid = np.unique(slot, return_inverse=True)
+            strings = [_j(_short(c.kernel_name(s))) for s in us.tolist()]
+        parts = t.render_parts([
+            t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(ts),
+            t.lit(',"dur":0,"name":'), t.choice(nid.reshape(-1), strings), t.lit(',"cat":"block","args":{"block":['),
+            t.uint(recs["block_x"]), t.lit(","), t.uint(recs["block_y"]), t.lit(","), t.uint(recs["block_z"]),
+            t.lit('],"seq":'), t.uint(recs["sequence"]), t.lit("}}")], n)
+        if opt.flows and pl.flow_last.size:
+            di = (first + np.arange(n)) if dev_index is None else dev_index
+            has = np.flatnonzero((hid >= 0) & (di <= pl.flow_last[np.maximum(hid, 0)]))
+            if len(has):
+                parts += t.render_parts([
+                    t.lit(b',\n{"ph":"f","bp":"e","pid":%d,"tid":' % self.pid), t.uint(tid[has]), t.lit(',"ts":'),
+                    t.ts_us(ts[has]), t.lit(',"id":'), t.uint(flow_id(c, di[has])),
+                    t.lit(',"name":"launch","cat":"flow"}')], len(has))
+        return parts, n
+
+
+def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
+    """Write a Chrome JSON trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
+    from ..atomic import atomic_output, check_not_input
+
+    res = EmitResult(output=str(out))
+    warn = warn or res.warnings.append
+    paths = [str(p) for p in paths]
+    check_not_input(out, paths)
+    dumps, ctxs = open_contexts(paths, options, warn)
+    try:
+        total = sum(c.n_events for c in ctxs)
+        bar = Progress(options.progress, 2 * total, "chrome")
+        try:
+            aggs = [first_pass(c, options, bar) for c in ctxs]
+            est = sum(a.kept * EST_EVENT_BYTES + c.host.n * 200 for c, a in zip(ctxs, aggs))
+            if est > options.ui_limit_bytes:
+                warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
+                     f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
+                     "FIRST:LAST, or the Perfetto format")
+            plans = [_Chrome(_Plan(c, a, options)) for c, a in zip(ctxs, aggs)]
+            other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
+                     "dump's clock-sync pairs", "alignment": [_align(c) for c in ctxs]}
+            head = {"displayTimeUnit": "ns", "otherData": other}
+            with atomic_output(out, inputs=paths) as tmp, open(tmp, "wb") as f:
+                f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
+                f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
+                for ch in plans:
+                    for b in ch.meta():
+                        f.write(b)
+                for ch in plans:
+                    hp, nfl = ch.host()
+                    res.flows += nfl
+                    for b in hp + ch.slices() + ch.counters():
+                        f.write(b)
+                    for first, recs in ch.c.chunks(options.chunk):
+                        parts, n = ch.device(first, recs)
+                        for b in parts:
+                            f.write(b)
+                        res.written_events += n
+                        bar(len(recs))
+                    res.host_records += len(ch.pl.host_rows)
+                    res.join.append(ch.c.join)
+                f.write(b"\n]}\n")
+            res.alignment = [_align(c) for c in ctxs]
+        finally:
+            bar.close()
+        res.contexts = len(ctxs)
+        res.device_events = total
+        res.bytes_written = out_size(out)
+    finally:
+        for d in dumps:
+            d.close()
+    return res
+
+
+def _align(c) -> dict:
+    return {"dump": c.label, "run": c.run, "context_id": c.context_id, "device_id": c.device_id, **c.clock.bound()}

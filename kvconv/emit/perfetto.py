@@ -1,0 +1,518 @@
+"""Perfetto TrackEvent trace (.pftrace) of one or more dumps, streamed chunk by chunk.
+
+Track tree, per context of every dump (its own group, named after GPU, context and file)::
+
+    GPU 0 · ctx 0 · run.kvdump
+      graph exec 0x...            replays (device clock), nodes (device clock, one slice per node execution,
+                                  extra lanes only where executions overlap), host node launches (CLOCK_MONOTONIC)
+      eager launches · stream 0x..  (CLOCK_MONOTONIC)
+      device blocks / SM n        block-entry instants (device clock): instants never overlap
+      block events per ms, dropped device events   counters
+      canary                      per step and buffer (CLOCK_MONOTONIC)
+
+Clocks: device packets live on their own sequence whose default clock is a sequence-scoped custom clock (id 64) for
+the GPU's %globaltimer; host packets on a second sequence default to BUILTIN_CLOCK_MONOTONIC (3). ClockSnapshot
+packets built from the dump's clock-sync pairs relate the two; trace_processor does the conversion, kvconv never
+subtracts one domain from the other. Flows run from each host launch record to (up to ``flows``) device blocks.
+
+The device-event packets (the bulk) are encoded by :mod:`kvconv.emit._wire` straight into protobuf wire bytes;
+the few dozen descriptor / interning / snapshot packets use perfetto's own protos.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _wire as w
+from ._source import (EAGER, GRAPH_NODE, Ctx, EmitOptions, EmitResult, Progress, event_keep, first_pass, flow_id,
+                      open_contexts, out_size, unique_pairs)
+
+DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
+HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
+SEQ_CLEARED, SEQ_NEEDS = 1, 2
+T_BEGIN, T_END, T_INSTANT, T_COUNTER = 1, 2, 3, 4
+META_SEQ = 1
+MAX_LANES = 64
+DEV_ANN = ("block_x", "replay", "blocks")
+HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
+EST_EVENT_BYTES = 40
+
+
+def _pb():
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    return pb
+
+
+def frame(packet: bytes) -> bytes:
+    """One ``Trace.packet`` field around serialized TracePacket bytes."""
+    return b"\x0a" + w.varint_bytes(len(packet)) + packet
+
+
+class _Uuids:
+    def __init__(self, c: Ctx) -> None:
+        self.base = (c.serial + 1) << 24
+        self.root = self.base + 1
+        self.blocks = self.base + 2
+        self.rate = self.base + 3
+        self.drops = self.base + 4
+        self.host_drops = self.base + 5
+        self.canary = self.base + 6
+
+    def stream(self, i: int) -> int:
+        return self.base + 0x100 + i
+
+    def sm(self, smid) -> int:
+        return self.base + 0x10000 + smid
+
+    def exec_group(self, j: int) -> int:
+        return self.base + 0x20000 + j * 256
+
+    def exec_host(self, j: int) -> int:
+        return self.exec_group(j) + 1
+
+    def exec_replays(self, j: int, lane: int) -> int:
+        return self.exec_group(j) + 2 + lane
+
+    def exec_nodes(self, j: int, lane: int) -> int:
+        return self.exec_group(j) + 2 + MAX_LANES + lane
+
+
+def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Greedy lanes so that slices on one lane never overlap (strictly: the next starts after the previous ends)."""
+    n = len(start)
+    lane = np.zeros(n, np.int64)
+    if n <= 1:
+        return lane
+    order = np.lexsort((end, start))
+    s, e = start[order], end[order]
+    if bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
+        return lane
+    ends: list[int] = []
+    out = np.zeros(n, np.int64)
+    for k in range(n):
+        si, ei = int(s[k]), int(e[k])
+        for j, le in enumerate(ends):
+            if si > le:
+                ends[j] = ei
+                out[k] = j
+                break
+        else:
+            ends.append(ei)
+            out[k] = len(ends) - 1
+    lane[order] = out
+    return lane
+
+
+class _Names:
+    """Interned event names of one sequence (iids from 1, in order of first use)."""
+
+    def __init__(self) -> None:
+        self.iid: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        if name not in self.iid:
+            self.iid[name] = len(self.iid) + 1
+        return self.iid[name]
+
+
+def _short(name: str) -> str:
+    """A kernel's readable name: the function without template arguments and parameters."""
+    s = name
+    p = s.find("(")
+    if p > 0:
+        s = s[:p]
+    depth, out = 0, []
+    for ch in s:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    s = "".join(out).strip()
+    if s.startswith("void "):
+        s = s[5:]
+    return s.split("::")[-1] or name
+
+
+class _Plan:
+    """Everything of one context decided before its packets are written."""
+
+    def __init__(self, c: Ctx, agg, options: EmitOptions) -> None:
+        self.c, self.agg, self.opt = c, agg, options
+        self.u = _Uuids(c)
+        self.dev_seq = 2 + 2 * c.serial
+        self.host_seq = 3 + 2 * c.serial
+        self.dev_names = _Names()
+        self.host_names = _Names()
+        h = c.host
+        # kernel slot -> device name iid (dense lookup table)
+        slots = agg.slots
+        hi = int(max(slots.max() if len(slots) else 0, h.kernel_slot.max() if h.n else 0)) + 1
+        self.slot_lut = None
+        if hi <= (1 << 22):
+            self.slot_lut = np.zeros(hi, np.uint64)
+            for s in slots.tolist():
+                self.slot_lut[s] = self.dev_names(c.kernel_name(s))
+        else:
+            self.slot_map = {s: self.dev_names(c.kernel_name(s)) for s in slots.tolist()}
+        # graph execs and streams of shown host records
+        shown = h.shown & agg.kept_hosts
+        self.shown = shown
+        gn = shown & (h.kind == GRAPH_NODE)
+        self.execs = np.unique(h.graph_exec[gn]).tolist()
+        self.exec_ix = {e: j for j, e in enumerate(self.execs)}
+        el = shown & (h.kind == EAGER)
+        self.streams = np.unique(h.stream[el]).tolist()
+        self.stream_ix = {s: j for j, s in enumerate(self.streams)}
+        # node slices: graph-node rows with matched events
+        rows = np.flatnonzero(gn & (agg.count > 0))
+        self.node_rows = rows
+        self.node_lane = np.zeros(len(rows), np.int64)
+        ex_of = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows]).astype(np.int64)
+        self.node_exec = ex_of
+        for j in range(len(self.execs)):
+            sel = np.flatnonzero(ex_of == j)
+            self.node_lane[sel] = _lanes(agg.first_ts[rows[sel]], agg.last_ts[rows[sel]])
+        self.node_lanes = {j: int(self.node_lane[ex_of == j].max()) + 1 if (ex_of == j).any() else 0
+                           for j in range(len(self.execs))}
+        # replay slices per (exec, launch id)
+        self.replays = []  # (exec j, replay, start, end)
+        if len(rows):
+            lid = h.launch_id[rows].astype(np.int64)
+            _, firsts, inv = unique_pairs(ex_of, lid)
+            uk = np.stack([ex_of[firsts], lid[firsts]], 1)
+            st = np.full(len(uk), np.iinfo(np.uint64).max, np.uint64)
+            en = np.zeros(len(uk), np.uint64)
+            np.minimum.at(st, inv, agg.first_ts[rows])
+            np.maximum.at(en, inv, agg.last_ts[rows])
+            self.replays = [(int(uk[i, 0]), int(uk[i, 1]), int(st[i]), int(en[i])) for i in range(len(uk))]
+        self.replay_lane = np.zeros(len(self.replays), np.int64)
+        self.replay_lanes = {}
+        for j in range(len(self.execs)):
+            sel = [i for i, r in enumerate(self.replays) if r[0] == j]
+            if sel:
+                ln = _lanes(np.array([self.replays[i][2] for i in sel]), np.array([self.replays[i][3] for i in sel]))
+                self.replay_lane[sel] = ln
+                self.replay_lanes[j] = int(ln.max()) + 1
+        self.node_name_iid = np.zeros(len(rows), np.uint64)
+        if len(rows):
+            po, ps = h.node_ordinal[rows].astype(np.int64), h.kernel_slot[rows].astype(np.int64)
+            _, firsts, inv = unique_pairs(po, ps)
+            up = np.stack([po[firsts], ps[firsts]], 1)
+            short = {s: _short(c.kernel_name(s)) for s in np.unique(up[:, 1]).tolist()}
+            iids = np.array([self.dev_names(f"node {o} · {short[s]}") for o, s in up.tolist()], np.uint64)
+            self.node_name_iid = iids[inv.reshape(-1)]
+        self.replay_name_iid = np.array([self.dev_names(f"replay {r[1]}") for r in self.replays], np.uint64)
+        hs = np.flatnonzero(shown)
+        self.host_rows = hs
+        self.host_name_iid = np.zeros(len(hs), np.uint64)
+        if len(hs):
+            us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
+            self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
+                                          np.uint64)[inv.reshape(-1)]
+        # the K flows of a host row go to its first K device events, so "index <= the K-th" decides membership
+        self.flow_last = agg.flow_dev.max(1) if agg.flow_dev.shape[1] else np.full(h.n, -1, np.int64)
+        self.canary = None
+        if c.dump.groups_of("canary", context_id=c.context_id):
+            from .. import canary
+
+            res = canary.check(c.dump)
+            self.canary = [s for s in res.steps if s.get("context_id", c.context_id) == c.context_id]
+
+    # -- metadata packets (perfetto protos) ------------------------------------------------------------------
+
+    def descriptors(self, pb) -> list[bytes]:
+        c, u, out = self.c, self.u, []
+        rank = [0]
+
+        def td(uuid, name, parent=None, counter=None, ordering=None):
+            p = pb.TracePacket()
+            p.trusted_packet_sequence_id = META_SEQ
+            d = p.track_descriptor
+            d.uuid = uuid
+            d.name = name
+            if parent is not None:
+                d.parent_uuid = parent
+            if ordering is not None:
+                d.child_ordering = ordering
+            d.sibling_order_rank = rank[0]
+            rank[0] += 1
+            if counter is not None:
+                d.counter.unit_name = counter
+            out.append(frame(p.SerializeToString()))
+
+        b = c.clock.bound()
+        extra = f" ±{b['bound_ns'] / 1000:.2f} µs" if b["bound_ns"] is not None else " (unaligned)"
+        td(u.root, f"GPU {c.device_id} · ctx {c.context_id} · {c.label}{extra}", ordering=3)
+        h = c.host
+        for j, e in enumerate(self.execs):
+            td(u.exec_group(j), f"graph exec {e:#x}", parent=u.root, ordering=3)
+            for ln in range(self.replay_lanes.get(j, 0)):
+                td(u.exec_replays(j, ln), "replays" + (f" ({ln + 1})" if ln else ""), parent=u.exec_group(j))
+            for ln in range(self.node_lanes.get(j, 0)):
+                td(u.exec_nodes(j, ln), "nodes" + (f" ({ln + 1})" if ln else ""), parent=u.exec_group(j))
+            td(u.exec_host(j), "host node launches", parent=u.exec_group(j))
+        for i, s in enumerate(self.streams):
+            td(u.stream(i), f"eager launches · stream {s:#x}", parent=u.root)
+        used = np.flatnonzero(self.agg.sm_count)
+        if len(used):
+            td(u.blocks, "device blocks", parent=u.root, ordering=3)
+            for s in used.tolist():
+                td(u.sm(s), f"SM {s}", parent=u.blocks)
+            td(u.rate, "block events per ms", parent=u.root, counter="events/ms")
+            td(u.drops, "dropped device events", parent=u.root, counter="events")
+        if h.n:
+            td(u.host_drops, "dropped host records", parent=u.root, counter="records")
+        if self.canary:
+            td(u.canary, "canary", parent=u.root)
+        _ = h
+        return out
+
+    def seq_start(self, pb, seq: int, names: _Names, ann: tuple, clock: int) -> bytes:
+        p = pb.TracePacket()
+        p.trusted_packet_sequence_id = seq
+        p.sequence_flags = SEQ_CLEARED
+        p.trace_packet_defaults.timestamp_clock_id = clock
+        for name, iid in names.iid.items():
+            e = p.interned_data.event_names.add()
+            e.iid, e.name = iid, name
+        for i, name in enumerate(ann, 1):
+            e = p.interned_data.debug_annotation_names.add()
+            e.iid, e.name = i, name
+        return frame(p.SerializeToString())
+
+    def snapshots(self, pb) -> list[bytes]:
+        out = []
+        for i, r in enumerate(self.c.clock.pairs):
+            p = pb.TracePacket()
+            p.trusted_packet_sequence_id = self.dev_seq
+            cs = p.clock_snapshot
+            a = cs.clocks.add()
+            a.clock_id, a.timestamp = HOST_CLOCK, int(r["host_ns"])
+            b = cs.clocks.add()
+            b.clock_id, b.timestamp = DEVICE_CLOCK, int(r["gpu_ns"])
+            cs.primary_trace_clock = HOST_CLOCK
+            out.append(frame(p.SerializeToString()))
+        return out
+
+    def canary_packets(self, pb) -> list[bytes]:
+        out = []
+        for s in self.canary or []:
+            p = pb.TracePacket()
+            p.trusted_packet_sequence_id = self.host_seq
+            p.sequence_flags = SEQ_NEEDS
+            p.timestamp = int(s["host_ns"])
+            te = p.track_event
+            te.type = T_INSTANT
+            te.track_uuid = self.u.canary
+            bad = len(s.get("unexpected", [])) + len(s.get("missing", []))
+            te.name = (f"step {s['step']} {s.get('buffer', s.get('buffer_id'))}: "
+                       + ("ok" if not bad else f"{len(s.get('unexpected', []))} unexpected, "
+                                               f"{len(s.get('missing', []))} missing"))
+            for key in ("expected", "changed", "unexpected", "missing"):
+                a = te.debug_annotations.add()
+                a.name = key
+                a.uint_value = len(s.get(key, []))
+            out.append(frame(p.SerializeToString()))
+        return out
+
+    # -- vectorised packets -----------------------------------------------------------------------------------
+
+    def host_packets(self) -> tuple[list, int]:
+        c, h, agg, u = self.c, self.c.host, self.agg, self.u
+        rows = self.host_rows
+        n = len(rows)
+        if not n:
+            return [], 0
+        track = np.empty(n, np.uint64)
+        kind = h.kind[rows]
+        for j, e in enumerate(self.execs):
+            track[(kind == GRAPH_NODE) & (h.graph_exec[rows] == np.uint64(e))] = u.exec_host(j)
+        for i, s in enumerate(self.streams):
+            track[(kind == EAGER) & (h.stream[rows] == np.uint64(s))] = u.stream(i)
+        fd = agg.flow_dev[rows]
+        cnt = (fd >= 0).sum(1) if fd.shape[1] else np.zeros(n, np.int64)
+        fids = flow_id(c, np.maximum(fd, 0)) if fd.shape[1] else np.zeros((n, 0), np.uint64)
+        isg = kind == GRAPH_NODE
+        ann = lambda i, v, present=None: w.msg(4, [w.const(bytes([0x08, i])), w.varint(3, v)], present)  # noqa: E731
+        te = [
+            ann(1, h.launch_id[rows], isg),
+            ann(2, np.maximum(h.node_ordinal[rows], 0).astype(np.uint64), isg),
+            ann(3, h.grid_id[rows]),
+            ann(4, np.maximum(h.grid[rows], 0).astype(np.uint64)),
+            ann(5, agg.count[rows].astype(np.uint64)),
+            ann(6, h.index[rows].astype(np.uint64)),
+            w.const(bytes([0x48, T_INSTANT])),
+            w.varint(10, self.host_name_iid),
+            w.varint(11, track),
+            w.rfixed64(47, fids, cnt),
+        ]
+        pk = [w.varint(8, h.host_ns[rows]), w.varint(10, self.host_seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
+        parts, _ = w.encode_parts([w.msg(1, pk)], n)
+        return parts, int(cnt.sum())
+
+    def slice_packets(self) -> list:
+        agg, u, parts = self.agg, self.u, []
+        rows = self.node_rows
+        h = self.c.host
+        if len(rows):
+            st, en = agg.first_ts[rows].astype(np.uint64), agg.last_ts[rows].astype(np.uint64)
+            track = (np.uint64(u.exec_nodes(0, 0)) + (self.node_exec * 256 + self.node_lane).astype(np.uint64))
+            inst = st == en
+            parts += self._slices(st, en, track, self.node_name_iid, inst,
+                                  [(2, h.launch_id[rows].astype(np.uint64)), (3, agg.count[rows].astype(np.uint64))])
+        if self.replays:
+            r = np.array([(x[2], x[3]) for x in self.replays], np.uint64)
+            st, en = r[:, 0].astype(np.uint64), r[:, 1].astype(np.uint64)
+            track = np.array([u.exec_replays(x[0], int(ln)) for x, ln in zip(self.replays, self.replay_lane)],
+                             np.uint64)
+            parts += self._slices(st, en, track, self.replay_name_iid, st == en,
+                                  [(2, np.array([x[1] for x in self.replays], np.uint64))])
+        return parts
+
+    def _slices(self, st, en, track, name_iid, inst, anns) -> list:
+        n = len(st)
+        typ = np.where(inst, T_INSTANT, T_BEGIN).astype(np.uint64)
+        te = [w.msg(4, [w.const(bytes([0x08, i])), w.varint(3, v)]) for i, v in anns]
+        te += [w.varint(9, typ), w.varint(10, name_iid), w.varint(11, track)]
+        pk = [w.varint(8, st), w.varint(10, self.dev_seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
+        parts, _ = w.encode_parts([w.msg(1, pk)], n)
+        ends = np.flatnonzero(~inst)
+        if len(ends):
+            te = [w.const(bytes([0x48, T_END])), w.varint(11, track[ends])]
+            pk = [w.varint(8, en[ends]), w.varint(10, self.dev_seq), w.msg(11, te),
+                  w.const(bytes([0x68, SEQ_NEEDS]))]
+            p2, _ = w.encode_parts([w.msg(1, pk)], len(ends))
+            parts += p2
+        return parts
+
+    def counter_packets(self) -> list:
+        agg, u, c = self.agg, self.u, self.c
+        parts = []
+        hist = agg.hist
+        if len(hist):
+            ch = np.flatnonzero(np.concatenate([[True], hist[1:] != hist[:-1]]))
+            ts = (np.uint64(agg.hist_base) + ch.astype(np.uint64)) * np.uint64(1_000_000)
+            vals = hist[ch].astype(np.uint64)
+            ts = np.concatenate([ts, [np.uint64(min((agg.hist_base + len(hist)) * 1_000_000, 2**64 - 1))]])
+            vals = np.concatenate([vals, [np.uint64(0)]])
+            parts += self._counter(ts, vals, u.rate, self.dev_seq)
+        if agg.t0 is not None:
+            ts = np.array([agg.t0, agg.t1], np.uint64)
+            parts += self._counter(ts, np.array([0, c.device_drops], np.uint64), u.drops, self.dev_seq)
+        h = c.host
+        if h.n:
+            hn = h.host_ns
+            ts = np.array([int(hn.min()), int(hn.max())], np.uint64)
+            parts += self._counter(ts, np.array([0, c.host_drops], np.uint64), u.host_drops, self.host_seq)
+        return parts
+
+    def _counter(self, ts, vals, track, seq) -> list:
+        te = [w.const(bytes([0x48, T_COUNTER])), w.const(w.tag(11, 0) + w.varint_bytes(track)), w.varint(30, vals)]
+        pk = [w.varint(8, ts), w.varint(10, seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
+        parts, _ = w.encode_parts([w.msg(1, pk)], len(ts))
+        return parts
+
+    def device_packets(self, first: int, recs: np.ndarray) -> tuple[list, int, int]:
+        """The block-entry instants of one chunk: (buffers, events written, flows ended)."""
+        c, agg, opt = self.c, self.agg, self.opt
+        hid = c.match(first, recs)
+        keep = event_keep(c, recs, hid, opt, agg.t0)
+        dev_index = None
+        if keep is not None:
+            idx = np.flatnonzero(keep)
+            recs, hid, dev_index = recs[idx], hid[idx], first + idx
+        n = len(recs)
+        if not n:
+            return [], 0, 0
+        slot = recs["kernel_slot"]
+        if self.slot_lut is not None:
+            iid = self.slot_lut[slot]
+        else:
+            iid = np.array([self.slot_map[int(s)] for s in slot], np.uint64)
+        track = np.uint64(self.u.sm(0)) + recs["smid"].astype(np.uint64)
+        te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])]),
+              w.const(bytes([0x48, T_INSTANT])), w.varint(10, iid), w.varint(11, track)]
+        nflow = 0
+        K = opt.flows
+        if K and self.flow_last.size:
+            m = hid >= 0
+            if m.any():
+                di = (first + np.arange(n)) if dev_index is None else dev_index
+                has = m & (di <= self.flow_last[np.maximum(hid, 0)])
+                nflow = int(has.sum())
+                if nflow:
+                    te.append(w.fixed64(48, flow_id(c, di), present=has if nflow < n else None))
+        pk = [w.varint(8, recs["globaltimer"]), w.varint(10, self.dev_seq), w.msg(11, te),
+              w.const(bytes([0x68, SEQ_NEEDS]))]
+        parts, _ = w.encode_parts([w.msg(1, pk)], n)
+        return parts, n, nflow
+
+
+def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
+    return sum(a.kept * EST_EVENT_BYTES + c.host.n * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
+
+
+def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
+    """Write a Perfetto trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
+    from ..atomic import atomic_output
+
+    res = EmitResult(output=str(out))
+    warn = warn or res.warnings.append
+    paths = [str(p) for p in paths]
+    from ..atomic import check_not_input
+
+    check_not_input(out, paths)
+    dumps, ctxs = open_contexts(paths, options, warn)
+    try:
+        pb = _pb()
+        total = sum(c.n_events for c in ctxs)
+        bar = Progress(options.progress, 2 * total, "perfetto")
+        try:
+            aggs = [first_pass(c, options, bar) for c in ctxs]
+            est = estimate_bytes(ctxs, aggs, options)
+            if est > options.ui_limit_bytes:
+                warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
+                     f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
+                     "--replays FIRST:LAST, or open it with trace_processor --httpd")
+            plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
+            with atomic_output(out, inputs=paths) as tmp, open(tmp, "wb") as f:
+                for pl in plans:
+                    for b in pl.descriptors(pb):
+                        f.write(b)
+                for pl in plans:
+                    c = pl.c
+                    dev_clock = DEVICE_CLOCK if c.clock.n else HOST_CLOCK
+                    f.write(pl.seq_start(pb, pl.dev_seq, pl.dev_names, DEV_ANN, dev_clock))
+                    for b in pl.snapshots(pb):
+                        f.write(b)
+                    f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
+                    hp, nfl = pl.host_packets()
+                    for b in hp + pl.canary_packets(pb) + pl.slice_packets() + pl.counter_packets():
+                        f.write(b)
+                    res.flows += nfl
+                    for first, recs in c.chunks(options.chunk):
+                        parts, n, _ = pl.device_packets(first, recs)
+                        for b in parts:
+                            f.write(b)
+                        res.written_events += n
+                        bar(len(recs))
+                    res.host_records += len(pl.host_rows)
+                    res.alignment.append(_align(c))
+                    res.join.append(c.join)
+        finally:
+            bar.close()
+        res.contexts = len(ctxs)
+        res.device_events = total
+        res.bytes_written = out_size(out)
+    finally:
+        for d in dumps:
+            d.close()
+    return res
+
+
+def _align(c: Ctx) -> dict:
+    return {"dump": c.dump.path, "run": c.run, "context_id": c.context_id, "device_id": c.device_id,
+            **c.clock.bound()}
