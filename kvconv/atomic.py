@@ -50,7 +50,15 @@ def atomic_output(
     On any exception the temporary is removed and ``path`` is left as it was.
     """
     target = Path(path)
+    inputs = list(inputs)
     check_not_input(target, inputs)
+    if directory and target.is_dir():
+        # Replacing the folder would delete what is in it: never an input (kvconv arrow run.kvdump -o .).
+        t = target.resolve()
+        for inp in inputs:
+            if t in Path(inp).resolve().parents:
+                raise OutputError("output folder holds an input, which replacing it would delete", path=str(target),
+                                  hint="choose another -o folder", code="output-holds-input")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError("output folder does not exist", path=str(target), hint=f"create {parent} first",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 
 import typer
 
@@ -24,6 +25,9 @@ from .errors import KvconvError
 COMMAND_MODULES = (
     "kvconv.cli_core",
     "kvconv.cli_canary",
+    "kvconv.cli_emit",
+    "kvconv.cli_reconcile",
+    "kvconv.cli_record",
 )
 
 app = typer.Typer(
@@ -47,8 +51,39 @@ def err(message: str) -> None:
     sys.stderr.flush()
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (e.g. a salvaged dump's loss) as one ``Warning: ...`` line, without Python's source echo."""
+    text = str(message)
+    if text.startswith("warning "):  # Finding.line() of a warning-level finding
+        text = text[len("warning "):]
+    err(f"Warning: {text}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the app; typer handles usage errors (exit 2) and ``typer.Exit``; kvconv errors are printed here."""
+    # A hostile dump can carry lone surrogates (metadata JSON "\ud800"): print them escaped rather than fail.
+    out = sys.stdout
+    errors = getattr(out, "errors", None)
+    if errors in ("strict", "surrogateescape") and hasattr(out, "reconfigure"):
+        try:
+            out.reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):
+            errors = None
+    else:
+        errors = None
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return _main(argv)
+    finally:
+        if errors is not None:
+            try:
+                out.reconfigure(errors=errors)
+            except (ValueError, OSError):
+                pass
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         rv = app(args=argv, prog_name="kvconv")
     except SystemExit as e:

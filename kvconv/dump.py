@@ -180,8 +180,8 @@ class Dump:
         for g in self.groups_of("metadata", context_id=context_id):
             raw = g.records.tobytes()
             try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                obj = loads_metadata(raw)
+            except (UnicodeDecodeError, ValueError, RecursionError) as e:
                 pos = getattr(e, "pos", getattr(e, "start", 0)) or 0
                 raise SchemaError(
                     f"metadata is not valid UTF-8 JSON ({e.__class__.__name__})",
@@ -213,6 +213,23 @@ class Dump:
                     off, n = int(r["name_off"]), int(r["name_len"])
                     names[int(r["slot"])] = blob[off : off + n].decode("utf-8", "replace")
         return names
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} overflows a float")
+    return v
+
+
+def loads_metadata(raw: bytes):
+    """Parse metadata JSON strictly: UTF-8, no NaN/Infinity (nor numbers that overflow to it). Raises
+    UnicodeDecodeError, ValueError (bad JSON, or an integer too long to convert) or RecursionError (too deep)."""
+    return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _err(cls, msg, path, offset, fld=None, *, group=None, code, hint=None):
@@ -305,7 +322,9 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
         lost = 0
         if nbytes > left:
             whole = left // rsize if rsize else 0
-            if nbytes > size:
+            # More than the whole file: a damaged count, unless the producer's capacity vouches for it (a big
+            # group cut short, e.g. a 1M-event buffer of which the first half reached the disk).
+            if nbytes > size and not (0 < count <= int(hdr["capacity"])):
                 code, msg = "count-exceeds-file", (
                     f"record_count {count} x record_size {rsize} = {nbytes} bytes exceeds the whole file "
                     f"({size} bytes)")

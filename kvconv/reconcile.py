@@ -196,6 +196,9 @@ def reconcile(d, *, options: ReconcileOptions = ReconcileOptions()) -> Reconcile
 # helpers
 
 
+_SEQ_LIMIT = 1 << 48  # no device buffer has this many slots
+
+
 def _hex(v) -> str:
     return f"{int(v):#x}"
 
@@ -326,7 +329,14 @@ class _Context:
         self.ev_z = ev["block_z"][be].astype(np.uint64)
         self.ev_t = ev["globaltimer"][be]
         # non-block-enter events consume sequence numbers too; positions count block-enter slots only
-        if self.other_events:
+        if len(seq) and int(seq[-1]) >= _SEQ_LIMIT:
+            # A slot sequence can never exceed the buffer it indexes: numbers this large are damage. Keep the
+            # event order, give up the gap information (positions are ranks), and say so.
+            self.add("error", "sequence-range", f"device event sequences reach {int(seq[-1]):,}, beyond any "
+                     "buffer; the ordered join uses event order without gap positions", kind="device_event",
+                     index=int(self.ev_idx[-1]), listed=False)
+            self.pos = np.arange(len(seq), dtype=np.int64)
+        elif self.other_events:
             oseq = np.sort(ev["sequence"][kinds != _BLOCK_ENTER])
             self.pos = seq.astype(np.int64) - np.searchsorted(oseq, seq).astype(np.int64)
         else:
@@ -470,9 +480,12 @@ class _Context:
                      f"#{m['node_ordinal']} ({m['node']}), which other replays have")
         rep_ids = [int(r) for r in replays]
         if rep_ids and rep_ids != list(range(rep_ids[0], rep_ids[0] + len(rep_ids))):
-            gaps = sorted(set(range(rep_ids[0], rep_ids[-1] + 1)) - set(rep_ids))
+            # Gaps as ranges, never as a set of ids: a damaged launch_id can be near 2^64.
+            holes = [(a + 1, b - 1) for a, b in zip(rep_ids, rep_ids[1:]) if b - a > 1]
+            text = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in holes[:20]) + (
+                f" and {len(holes) - 20} more" if len(holes) > 20 else "")
             self.add("warning", "replay-ids-gap", f"{gname}: host records hold replays {_ranges(rep_ids)}; "
-                     f"no record of replay(s) {_ranges(gaps)}", listed=False)
+                     f"no record of replay(s) {text}", listed=False)
         if unstable:
             self.add("warning", "node-order-changed", f"{gname}: node order differs from the reference replay "
                      f"{int(replays[best])} in replay(s) {_ranges(unstable)}", listed=False)
@@ -563,6 +576,11 @@ class _Context:
             self.join_note = "nothing to join" if not (n or self.n_host) else (
                 "no device events" if not n else "no host launch records")
             self.mode = "none" if not (n and self.n_host) else self.mode
+            if n and not self.n_host:
+                # An events-only dump (like the published event file) is not wrong, but nothing joins it.
+                self.add("warning", "no-host-records", f"{n:,} device events and no host launch records: "
+                         "nothing to reconcile them against", kind="device_event", index=int(self.ev_idx[0]),
+                         count=n, listed=False)
             return
         if mode == "exact":
             if not any_gid:
@@ -1201,7 +1219,8 @@ class _Context:
         b = self.ev_idx
         hi = self.m_host
         mt["host_kind"][b] = self.m_kind
-        mt["host_index"][b] = np.where(hi >= 0, self.h_index[np.maximum(hi, 0)], -1)
+        if len(self.h_index):  # a context may hold device events and no host record at all
+            mt["host_index"][b] = np.where(hi >= 0, self.h_index[np.maximum(hi, 0)], -1)
         mt["replay"][b] = self.m_replay
         mt["node_ordinal"][b] = self.ev_ordinal
         mt["join"][b] = self.m_join

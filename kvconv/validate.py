@@ -151,8 +151,8 @@ def _check_metadata(d: dumpmod.Dump, c: _Collector) -> None:
     for g in groups:
         raw = g.records.tobytes()
         try:
-            obj = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            obj = dumpmod.loads_metadata(raw)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
             pos = getattr(e, "pos", getattr(e, "start", 0)) or 0
             c.add("error", "metadata-json", f"metadata is not valid UTF-8 JSON: {e.__class__.__name__}",
                   group=g.index, offset=g.payload_offset + pos, field="metadata")
