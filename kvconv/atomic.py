@@ -78,6 +78,7 @@ def atomic_output(
     try:
         yield tmp
         if directory:
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the output is an ordinary folder
             if target.exists():
                 # Replace the old folder only once the new one is complete.
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=parent))

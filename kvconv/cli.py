@@ -19,6 +19,11 @@ import sys
 import warnings
 
 import typer
+import typer.core
+
+# Plain click help (rich_markup_mode=None below): typer still escapes "[default: ...]" as "\\[default: ...]" for
+# rich whenever rich is importable; tell it rich is not in use.
+typer.core.HAS_RICH = False
 
 from .errors import KvconvError
 
