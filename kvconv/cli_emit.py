@@ -50,7 +50,8 @@ _WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
                        help="keep device events from START to END ms after each context's first device event")
 _REPLAYS = typer.Option(None, "--replays", metavar="FIRST:LAST", help="keep only graph replays FIRST..LAST")
 _FLOWS = typer.Option(16, "--flows", help="flows from each host launch to at most this many device blocks (0: none)")
-_RECONCILE = typer.Option("auto", "--reconcile", help="auto | always | never (never: streaming exact gridid join)")
+_RECONCILE = typer.Option("auto", "--reconcile", help="auto | always | never (never: exact gridid join only; auto: "
+                          "that join when it matches every event, else kvconv reconcile's join)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
 _PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress bar (default: only on a terminal)")
 _QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")

@@ -77,6 +77,29 @@ def test_wire_equals_protobuf_serializer():
     assert data == ref.SerializeToString()
 
 
+def test_wire_slices_merge_to_one_encoding():
+    """Encoding consecutive row ranges and ordering their groups by (signature, range) gives the bytes of one
+    encoding of all rows (what the Perfetto emitter relies on when it encodes a chunk in cache-sized slices)."""
+    rng = np.random.default_rng(11)
+    n = 5000
+    ts = rng.integers(0, 2**62, n, dtype=np.uint64) >> rng.integers(0, 60, n).astype(np.uint64)
+    bx = rng.integers(0, 300, n).astype(np.uint64)
+    has = rng.random(n) < 0.5
+
+    def spec(a, b):
+        te = [_wire.msg(4, [_wire.const(b"\x08\x01"), _wire.varint(3, bx[a:b])]), _wire.const(b"\x48\x03"),
+              _wire.fixed64(48, ts[a:b], present=has[a:b])]
+        return [_wire.msg(1, [_wire.varint(8, ts[a:b]), _wire.msg(11, te)])]
+
+    whole = _wire.encode(spec(0, n), n)[0]
+    groups = []
+    for a in range(0, n, 700):
+        b = min(n, a + 700)
+        groups += [(sig, a, m) for sig, m in _wire.encode_groups(spec(a, b), b - a)]
+    groups.sort(key=lambda g: (g[0], g[1]))
+    assert b"".join(g[2].tobytes() for g in groups) == whole
+
+
 def test_text_rows_parse_like_json_dump():
     rng = np.random.default_rng(3)
     n = 2000
@@ -89,6 +112,21 @@ def test_text_rows_parse_like_json_dump():
     got = json.loads("[" + _text.render(rows, n).decode()[1:] + "]")
     want = [{"ts": int(a) / 1000, "v": int(b), "name": json.loads(names[c])} for a, b, c in zip(ns, v, nid)]
     key = lambda e: (e["ts"], e["v"], e["name"])  # noqa: E731 - rows may be grouped by name
+    assert sorted(got, key=key) == sorted(want, key=key)
+    # strings of one length gathered per row, constant and few-valued numbers, long numbers, one group per slice
+    n = 70000
+    names = [json.dumps(s).encode() for s in ("ab", "cd", "a\"", "node 1 · k")]
+    nid = rng.integers(0, 4, n)
+    small = rng.integers(5, 40, n).astype(np.uint64)
+    big = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    ns = rng.integers(10**15, 10**15 + 10**9, n)
+    rows = [_text.lit(',\n{"a":'), _text.uint(np.full(n, 7)), _text.lit(',"name":'), _text.choice(nid, names),
+            _text.lit(',"s":'), _text.uint(small), _text.lit(',"b":'), _text.uint(big), _text.lit(',"ts":'),
+            _text.ts_us(ns), _text.lit(',"z":'), _text.ts_us(np.full(n, 5)), _text.lit("}")]
+    got = json.loads("[" + _text.render(rows, n).decode()[1:] + "]")
+    want = [{"a": 7, "name": json.loads(names[c]), "s": int(x), "b": int(y), "ts": int(t) / 1000, "z": 0.005}
+            for c, x, y, t in zip(nid, small, big, ns)]
+    key = lambda e: (e["ts"], e["b"], e["s"], e["name"])  # noqa: E731
     assert sorted(got, key=key) == sorted(want, key=key)
 
 
@@ -185,6 +223,26 @@ def test_perfetto_device_packets_equal_reference(pair_trace):
     assert sorted(p.SerializeToString() for p in got) == sorted(ref)
 
 
+def test_lanes_lowest_free_lane():
+    from kvconv.emit.perfetto import _lanes
+
+    def naive(st, en):  # each slice (by start, then end) on the first lane whose last slice ended before it starts
+        order = np.lexsort((en, st))
+        ends, out = [], np.zeros(len(st), np.int64)
+        for k in order:
+            j = next((j for j, le in enumerate(ends) if st[k] > le), len(ends))
+            ends[j:j + 1] = [en[k]]
+            out[k] = j
+        return out
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(1, 50))
+        st = rng.integers(0, 100, n).astype(np.uint64)
+        en = st + rng.integers(0, 40, n).astype(np.uint64)
+        assert np.array_equal(_lanes(st, en), naive(st, en))
+
+
 def test_perfetto_deterministic_chunked_and_refuses_input(tmp_path):
     a, b, c = tmp_path / "a.pftrace", tmp_path / "b.pftrace", tmp_path / "c.pftrace"
     write_perfetto(PAIR, a)
@@ -208,6 +266,69 @@ def test_perfetto_replays_and_window(tmp_path):
 def test_big_trace_warning(tmp_path):
     res = write_perfetto(PAIR[:1], tmp_path / "x.pftrace", options=EmitOptions(ui_limit_bytes=1000))
     assert any("--window" in w for w in res.warnings)
+
+
+JOIN_DUMPS = sorted(p for pat in ("h200-*/*.kvdump", "synthetic-multi/*.kvdump", "synthetic-reconcile/*.kvdump")
+                    for p in FIXTURES.glob(pat))
+
+
+@pytest.mark.parametrize("path", JOIN_DUMPS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_exact_join_equals_reconcile(path):
+    """The emitters' vectorised exact join gives kvconv.reconcile's exact-join matches and node ordinals."""
+    from kvconv import reconcile
+    from kvconv.emit._source import open_contexts
+
+    dumps, ctxs = open_contexts([path], EmitOptions(reconcile="never"), lambda m: None)
+    try:
+        res = reconcile.reconcile(dumps[0], options=reconcile.ReconcileOptions(relaxed=True))
+        for c in ctxs:
+            rep = [r for r in res.contexts if r["context_id"] == c.context_id]
+            m = res.matches[res.matches["context_id"] == c.context_id]
+            la = res.launches[(res.launches["context_id"] == c.context_id) & (res.launches["host_kind"] == 6)]
+            assert np.array_equal(c.host.node_ordinal[la["host_index"]], la["node_ordinal"])
+            if not rep or rep[0]["join"] != "exact":
+                continue
+            want = np.full(c.n_events, -1, np.int64)
+            ok = m["host_index"] >= 0
+            want[m["device_index"][ok]] = np.where(m["host_kind"][ok] == 6, m["host_index"][ok],
+                                                   c.host.n_gn + m["host_index"][ok])
+            for chunk in (7, 1 << 18):
+                got = np.concatenate([c.match(f, r) for f, r in c.chunks(chunk)] or [np.zeros(0, np.int64)])
+                assert np.array_equal(got, want)
+    finally:
+        for d in dumps:
+            d.close()
+
+
+@pytest.mark.parametrize("path", [p for p in JOIN_DUMPS if "h200" in p.parent.name or "clean" in p.name
+                                  or "fault-node-missing" in p.name][:6], ids=lambda p: p.name)
+def test_auto_join_outputs_equal_reconcile_outputs(tmp_path, path):
+    """auto (the vectorised exact join, reconcile when it cannot stand in) writes reconcile's bytes."""
+    for f, ext in ((write_perfetto, "pftrace"), (write_chrome, "json")):
+        a, b = tmp_path / f"a.{ext}", tmp_path / f"b.{ext}"
+        ra, rb = f([path], a), f([path], b, options=EmitOptions(reconcile="always"))
+        assert ra.join == rb.join and a.read_bytes() == b.read_bytes()
+    write_arrow([path], tmp_path / "A")
+    write_arrow([path], tmp_path / "B", options=EmitOptions(reconcile="always"))
+    files = sorted((tmp_path / "A").rglob("*.arrow"))
+    assert files and all(x.read_bytes() == (tmp_path / "B" / x.relative_to(tmp_path / "A")).read_bytes()
+                         for x in files)
+
+
+def test_emitters_verify_device_event_checksums(tmp_path):
+    p = tmp_path / "bad.kvdump"
+    p.write_bytes(PAIR[0].read_bytes())
+    with dump.open(p) as d:
+        off = d.groups_of("device_event")[0].payload_offset
+    raw = bytearray(p.read_bytes())
+    raw[off + 70] ^= 0x40
+    p.write_bytes(raw)
+    from kvconv.errors import FormatError
+
+    for f in (write_perfetto, write_chrome, write_arrow):
+        with pytest.raises(FormatError) as e:
+            f([p], tmp_path / "out", options=EmitOptions(chunk=16))
+        assert e.value.code == "payload-checksum"
 
 
 def test_streaming_gridid_join_matches_reconcile(tmp_path):

@@ -3,7 +3,12 @@ events to host launches, and a first streaming pass that aggregates what the tra
 
 Memory stays bounded whatever the dump size: device events are walked in chunks of the mmap, each chunk's payload
 checksum is folded in as it is read (the dumps are opened with ``verify_checksums=False`` and checked here, in the
-same pass), and the pages of a walked chunk are given back to the page cache (``MADV_DONTNEED``) on large dumps.
+same pass, by a worker thread beside the caller's work), and the pages of a walked chunk are given back to the page
+cache (``MADV_DONTNEED``) on large dumps. Chunks are handed out in cache-sized slices (``SLICE`` events) where the
+work is column by column, so that the records and their temporaries stay in cache.
+
+The join (:class:`ExactJoin`) looks up each run of device events of one launch once: tracer dumps carry gridid and
+tag, and their events come in runs of one launch's blocks.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +32,7 @@ EAGER = layout.KINDS["eager_launch"].id
 _EVF = layout.ENUMS["event_flags"]
 _LF = layout.ENUMS["launch_flags"]
 _EV_DT = layout.DTYPES["device_event"]
+SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
 RELEASE_BYTES = 256 << 20  # dumps larger than this give walked pages back to the page cache
 PAGE = mmap.PAGESIZE
 
@@ -40,8 +47,10 @@ class EmitOptions:
       kept when their launch's events are, or, unmatched, when the window mapped through the clock-sync pairs
       holds them).
     replays: keep only graph replays (launch ids) FIRST..LAST, their host records and matched device events.
-    reconcile: "auto" (kvconv.reconcile when the dump has at most reconcile_max_events device events, else a
-      streaming exact gridid join), "always", "never" (streaming exact gridid join only).
+    reconcile: "auto" (the vectorised exact (gridid, tag) join, which gives kvconv.reconcile's matches, when every
+      device event carrying a gridid finds its host record; else kvconv.reconcile when the dump has at most
+      reconcile_max_events device events; else the exact join alone), "always" (kvconv.reconcile), "never" (the
+      exact join alone).
     ui_limit_bytes: warn when a Perfetto/Chrome trace is bigger than the Perfetto UI loads comfortably.
     progress: show a progress bar (None: only when stderr is a terminal).
     arrow_format: "arrow" (IPC files) or "parquet"; compression: None, "lz4" or "zstd".
@@ -88,6 +97,7 @@ class EmitResult:
     join: list[str] = field(default_factory=list)
     alignment: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)  # seconds per phase (arrow: join, record_tables, matches)
 
 
 def parse_range(text: str | None, *, what: str, cast=float):
@@ -121,7 +131,7 @@ class Host:
     flags: np.ndarray
     tag: np.ndarray
     grid: np.ndarray  # blocks predicted by the grid
-    node_ordinal: np.ndarray  # i4, -1 for eager
+    node_ordinal: np.ndarray  # i4, -1 for eager and graph uploads (kvconv.reconcile's canonical node order)
 
     @property
     def n(self) -> int:
@@ -141,22 +151,52 @@ def _host(d, ctx: int) -> Host:
     kind = np.concatenate([np.full(n_gn, GRAPH_NODE, np.uint16), np.full(len(el), EAGER, np.uint16)])
     index = np.concatenate([np.arange(n_gn), np.arange(len(el))]).astype(np.int64)
     grid = (recs["grid_x"].astype(np.int64) * recs["grid_y"] * recs["grid_z"]) if len(recs) else np.zeros(0, np.int64)
-    # Node ordinal: the position of the node among its graph exec's distinct nodes, in host order of first sight.
-    ordn = np.full(len(recs), -1, np.int32)
-    if n_gn:
-        g = recs[:n_gn]
-        order = np.lexsort((g["host_ns"], g["launch_id"], g["graph_exec"]))
-        up0, first, inv = unique_pairs(g["graph_exec"][order], g["node"][order])
-        by = np.lexsort((first, up0))  # uniques by exec, then first sight
-        ex_sorted = up0[by]
-        start = np.searchsorted(ex_sorted, ex_sorted, side="left")
-        ordinal = np.empty(len(up0), np.int64)
-        ordinal[by] = np.arange(len(up0)) - start
-        ordn[order] = ordinal[inv.reshape(-1)]
+    ordn = _node_ordinals(recs[:n_gn]) if n_gn else np.zeros(0, np.int32)
+    ordn = np.concatenate([ordn, np.full(len(recs) - n_gn, -1, np.int32)])
     return Host(n_gn=n_gn, kind=kind, index=index, host_ns=recs["host_ns"].astype(np.uint64),
                 graph_exec=recs["graph_exec"], launch_id=recs["launch_id"], node=recs["node"],
                 grid_id=recs["grid_id"], stream=recs["stream"], kernel_slot=recs["kernel_slot"],
                 flags=recs["flags"], tag=recs["tag"], grid=grid, node_ordinal=ordn)
+
+
+def _node_ordinals(g: np.ndarray) -> np.ndarray:
+    """Node ordinal of each graph-node record, as kvconv.reconcile defines it (graph uploads: -1): per graph exec,
+    the nodes of the first replay holding the most distinct nodes in their record order, then the other nodes in
+    order of first sight (replay, then record order)."""
+    out = np.full(len(g), -1, np.int32)
+    live = np.flatnonzero((g["flags"] & _LF["graph_upload"]) == 0)
+    if not len(live):
+        return out
+    ex, rep = g["graph_exec"][live], g["launch_id"][live]
+    if len(live) > 1 and bool(np.all((ex[1:] > ex[:-1]) | ((ex[1:] == ex[:-1]) & (rep[1:] >= rep[:-1])))):
+        order = live  # already in (graph exec, replay, record) order
+    else:
+        order = live[np.lexsort((live, rep, ex))]
+    exs = g["graph_exec"][order]
+    brk = np.flatnonzero(exs[1:] != exs[:-1]) + 1
+    BIG = np.iinfo(np.int64).max
+    for idx in np.split(order, brk):
+        nodes, nid = np.unique(g["node"][idx], return_inverse=True)
+        nid = nid.reshape(-1)
+        r = g["launch_id"][idx]
+        rid = np.concatenate([[0], np.cumsum(r[1:] != r[:-1])])  # replays are in increasing order within idx
+        N, R, m = len(nodes), int(rid[-1]) + 1, len(idx)
+        if R * N <= (1 << 22):
+            present = (np.bincount(rid * N + nid, minlength=R * N).reshape(R, N) > 0).sum(axis=1)
+        else:
+            present = np.bincount(np.unique(rid * N + nid) // N, minlength=R)
+        best = int(np.argmax(present))
+        lo, hi = np.searchsorted(rid, [best, best + 1])
+        key = np.full(N, BIG, np.int64)
+        np.minimum.at(key, nid[lo:hi], np.arange(lo, hi))  # first sight in the reference replay
+        fa = np.full(N, BIG, np.int64)
+        np.minimum.at(fa, nid, np.arange(m))
+        rest = key == BIG
+        key[rest] = m + fa[rest]  # then first sight anywhere
+        rank = np.empty(N, np.int32)
+        rank[np.argsort(key, kind="stable")] = np.arange(N, dtype=np.int32)
+        out[idx] = rank[nid]
+    return out
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray):
@@ -246,8 +286,9 @@ class Ctx:
     replay_of_event: np.ndarray | None = None
     join: str = "none"
     reconcile_result: object = None
-    _gid_keys: np.ndarray | None = None
-    _gid_rows: np.ndarray | None = None
+    xjoin: "ExactJoin | None" = None  # the vectorised exact join (when reconcile's report is not needed)
+    _runs: dict | None = None  # first index -> (events, run starts, host row per run), from the join probe
+    _matched: int = 0
 
     @property
     def release(self) -> bool:
@@ -258,18 +299,24 @@ class Ctx:
 
     # -- streaming over device events ------------------------------------------------------------------------
 
-    def chunks(self, size: int, *, verify: bool = False):
-        """Yield ``(first_index, records)`` over all device events of the context, in bounded slices."""
+    def chunks(self, size: int, *, verify: bool = False, sub: int | None = None):
+        """Yield ``(first_index, records)`` over all device events of the context, in bounded slices (of ``sub``
+        events, when given: small enough for the records and their temporaries to stay in cache)."""
         base = 0
         mm = getattr(self.dump, "_mm", None)
+        pool = _crc_pool() if verify else None
         for g in self.groups:
-            crc = 0
+            fut = None
             rs = int(g.header["record_size"])
             for s, view in g.chunks(size):
-                if verify:
-                    crc = zlib.crc32(view.view(np.uint8), crc) if len(view) else crc
-                yield base + s, view
+                if verify and len(view):  # the checksum runs beside the caller's work (zlib releases the GIL)
+                    fut = pool.submit(_crc_after, view.view(np.uint8), fut)
+                step = sub or max(len(view), 1)
+                for a in range(0, max(len(view), 1), step):
+                    yield base + s + a, view[a : a + step]
                 if self.release and mm is not None:
+                    if fut is not None:
+                        fut.result()
                     lo = (g.payload_offset + s * rs) // PAGE * PAGE
                     hi = (g.payload_offset + (s + len(view)) * rs) // PAGE * PAGE
                     if hi > lo:
@@ -277,28 +324,194 @@ class Ctx:
                             mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
                         except (OSError, ValueError, AttributeError):
                             pass
+            crc = fut.result() if fut is not None else 0
             if verify and not g.lost_records and crc != int(g.header["payload_crc32"]):
                 raise FormatError("payload checksum does not match header.payload_crc32", path=self.dump.path,
                                   group=g.index, offset=g.payload_offset, field="header.payload_crc32",
                                   code="payload-checksum", hint="the records are damaged; kvconv validate says more")
             base += len(g.records)
 
+    def match_runs(self, first: int, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The join of a chunk as runs: ``(starts, host row of each run)`` (-1: unmatched). Device events come in
+        runs of one launch's blocks, so the lookup runs once per run."""
+        n = len(recs)
+        if self.hid is not None:
+            return _runs_of(self.hid[first : first + n])
+        cached = self._runs.get(first) if self._runs is not None else None
+        if cached is not None and cached[0] == n:
+            return cached[1], cached[2]
+        if self.xjoin is None or not n:
+            return np.zeros(min(n, 1), np.int64), np.full(min(n, 1), -1, np.int64)
+        starts = _event_runs(recs)
+        return starts, self.xjoin.lookup(*_heads(recs, starts))
+
     def match(self, first: int, recs: np.ndarray) -> np.ndarray:
         """Host table row of each event of a chunk (-1: unmatched)."""
         if self.hid is not None:
             return self.hid[first : first + len(recs)]
-        if self._gid_keys is None or not len(self._gid_keys):
-            return np.full(len(recs), -1, np.int64)
-        has = (recs["flags"] & _EVF["has_gridid"]) != 0
-        key = _gid_key(recs["gridid"], np.where((recs["flags"] & _EVF["has_tag"]) != 0, recs["tag"], 0))
-        pos = np.searchsorted(self._gid_keys, key)
-        pos[pos >= len(self._gid_keys)] = 0
-        ok = has & (self._gid_keys[pos] == key) & (self.host.grid_id[self._gid_rows[pos]] == recs["gridid"])
-        return np.where(ok, self._gid_rows[pos], -1)
+        starts, rhid = self.match_runs(first, recs)
+        return expand_runs(starts, rhid, len(recs))
+
+
+_POOL = None
+
+
+def _crc_pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvconv-crc")
+    return _POOL
+
+
+def _crc_after(buf, prev) -> int:
+    """crc32 of ``buf`` continuing the one of ``prev`` (a future of the one worker, so already done)."""
+    return zlib.crc32(buf, prev.result() if prev is not None else 0)
+
+
+def _runs_of(hid: np.ndarray):
+    """Run starts of equal values in ``hid`` and the value of each run (returned as (starts, values))."""
+    n = len(hid)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    st = np.flatnonzero(hid[1:] != hid[:-1]) + 1
+    starts = np.concatenate([[0], st]).astype(np.int64)
+    return starts, hid[starts].astype(np.int64)
+
+
+def expand_runs(starts: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    if not n:
+        return np.zeros(0, np.int64)
+    if len(starts) == n:
+        return values.astype(np.int64, copy=False)
+    return np.repeat(values, np.diff(np.append(starts, n)))
+
+
+_OFF = {name: _EV_DT.fields[name][1] for name in _EV_DT.names}
+
+
+def _event_runs(recs: np.ndarray) -> np.ndarray:
+    """Starts of runs of device events with equal (gridid, tag, kind, flags)."""
+    n = len(recs)
+    if n <= 1:
+        return np.zeros(n, np.int64)
+    if recs.dtype == _EV_DT and recs.dtype.itemsize % 8 == 0 and recs.flags.c_contiguous \
+            and _OFF["flags"] == _OFF["kind"] + 1 and _OFF["kind"] // 8 == (_OFF["flags"]) // 8:
+        w = recs.view(np.uint64).reshape(n, _EV_DT.itemsize // 8)
+        g, t = w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8]
+        kf = w[:, _OFF["kind"] // 8] >> np.uint64(8 * (_OFF["kind"] % 8))
+    else:
+        g, t = recs["gridid"], recs["tag"]
+        kf = recs["kind"].astype(np.uint16) | (recs["flags"].astype(np.uint16) << np.uint16(8))
+    chg = g[1:] != g[:-1]
+    chg |= t[1:] != t[:-1]
+    chg |= kf[1:] != kf[:-1]
+    st = np.flatnonzero(chg)
+    out = np.empty(len(st) + 1, np.int64)
+    out[0] = 0
+    out[1:] = st + 1
+    return out
+
+
+_BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
+
+
+def _heads(recs: np.ndarray, starts: np.ndarray):
+    """(gridid, tag, flags, kind) of the events at ``starts``."""
+    if _OFF["kind"] % 8 <= 6 and recs.flags.c_contiguous and recs.dtype == _EV_DT:
+        w = recs.view(np.uint64).reshape(len(recs), _EV_DT.itemsize // 8)[starts]
+        kf = w[:, _OFF["kind"] // 8]
+        return (w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8],
+                (kf >> np.uint64(8 * (_OFF["flags"] % 8))) & np.uint64(0xFF),
+                (kf >> np.uint64(8 * (_OFF["kind"] % 8))) & np.uint64(0xFF))
+    h = recs[starts]
+    return h["gridid"], h["tag"], h["flags"], h["kind"]
 
 
 def _gid_key(gid: np.ndarray, tag: np.ndarray) -> np.ndarray:
     return gid.astype(np.uint64) ^ (tag.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+
+
+class ExactJoin:
+    """kvconv.reconcile's exact join (device block-enter events carrying %gridid -> host launch records) as a
+    vectorised lookup, without the rest of the report.
+
+    Like reconcile: graph uploads and duplicate host records (a repeat of (graph exec, replay, node), or of an eager
+    launch's gridid) never match; 1) events with a tag match the first tagged host record (eager launches, then graph
+    nodes, in record order) with the same (gridid, tag); 2) other events with a gridid match the one host record with
+    that gridid when exactly one has it and not both sides carry a tag. tests/test_emit.py checks the matches equal
+    reconcile's on the fixtures. (Events that reconcile leaves unmatched but attributes to a replay are a report
+    matter: the emitters fall back to reconcile whenever an event carrying a gridid stays unmatched.)"""
+
+    def __init__(self, h: Host) -> None:
+        n_el = h.n - h.n_gn
+        isg = h.kind == GRAPH_NODE
+        upload = isg & ((h.flags & _LF["graph_upload"]) != 0)
+        rorder = np.where(isg, n_el + h.index, h.index)  # reconcile's host order: eager, then graph nodes
+        dup = np.zeros(h.n, bool)
+        g = np.flatnonzero(isg & ~upload)
+        if len(g):
+            o = g[np.lexsort((h.index[g], h.node[g], h.launch_id[g], h.graph_exec[g]))]
+            ex, rp, nd = h.graph_exec[o], h.launch_id[o], h.node[o]
+            dup[o[1:][(ex[1:] == ex[:-1]) & (rp[1:] == rp[:-1]) & (nd[1:] == nd[:-1])]] = True
+        e = np.flatnonzero(~isg & (h.grid_id != 0))
+        if len(e):
+            o = e[np.lexsort((h.index[e], h.grid_id[e]))]
+            gg = h.grid_id[o]
+            dup[o[1:][gg[1:] == gg[:-1]]] = True
+        cand = ~upload & ~dup
+        has_tag = (h.flags & _LF["has_tag"]) != 0
+        htag = np.where(has_tag, h.tag, 0).astype(np.uint64)
+        # 1) (gridid, tag) of tagged records, first in reconcile's order winning
+        t = np.flatnonzero(cand & has_tag)
+        t = t[np.argsort(rorder[t], kind="stable")]
+        k = _gid_key(h.grid_id[t], htag[t])
+        o = np.argsort(k, kind="stable")
+        self.k1, self.r1 = k[o], t[o].astype(np.int64)
+        self.g1, self.t1 = h.grid_id[self.r1].astype(np.uint64), htag[self.r1]
+        same = self.k1[1:] == self.k1[:-1]
+        self.collide = bool(np.any(same & ((self.g1[1:] != self.g1[:-1]) | (self.t1[1:] != self.t1[:-1]))))
+        # 2) gridid alone, where exactly one record has it
+        a = np.flatnonzero(cand)
+        ug, fi, cnt = np.unique(h.grid_id[a].astype(np.uint64), return_index=True, return_counts=True)
+        self.ug = ug
+        self.u_row = np.where(cnt == 1, a[fi], -1).astype(np.int64)
+        self.u_tagged = has_tag[a[fi]]
+
+    def lookup(self, gid, tag, flags, kind) -> np.ndarray:
+        gid = np.asarray(gid).astype(np.uint64, copy=False)
+        tag = np.asarray(tag).astype(np.uint64, copy=False)
+        n = len(gid)
+        out = np.full(n, -1, np.int64)
+        ok = (np.asarray(kind) == _BLOCK_ENTER) & ((np.asarray(flags) & _EVF["has_gridid"]) != 0)
+        et = (np.asarray(flags) & _EVF["has_tag"]) != 0
+        i = np.flatnonzero(ok & et)
+        if len(i) and len(self.k1):
+            gi, ti = gid[i], tag[i]
+            if not self.collide:
+                p = np.searchsorted(self.k1, _gid_key(gi, ti))
+                np.minimum(p, len(self.k1) - 1, out=p)
+                hit = (self.g1[p] == gi) & (self.t1[p] == ti)
+                out[i[hit]] = self.r1[p[hit]]
+            else:  # two (gridid, tag) pairs share a key: ranks of the exact pairs instead
+                gids = np.unique(np.r_[self.g1, gi])
+                tags = np.unique(np.r_[self.t1, ti])
+                nt = np.int64(len(tags))
+                hk = np.searchsorted(gids, self.g1).astype(np.int64) * nt + np.searchsorted(tags, self.t1)
+                ek = np.searchsorted(gids, gi).astype(np.int64) * nt + np.searchsorted(tags, ti)
+                oo = np.argsort(hk, kind="stable")  # r1 is in reconcile order within equal pairs
+                hks = hk[oo]
+                p = np.minimum(np.searchsorted(hks, ek), len(hks) - 1)
+                hit = hks[p] == ek
+                out[i[hit]] = self.r1[oo[p[hit]]]
+        i = np.flatnonzero(ok & (out < 0))
+        if len(i) and len(self.ug):
+            gi = gid[i]
+            p = np.minimum(np.searchsorted(self.ug, gi), len(self.ug) - 1)
+            take = (self.ug[p] == gi) & (self.u_row[p] >= 0) & (~et[i] | ~self.u_tagged[p])
+            out[i[take]] = self.u_row[p[take]]
+        return out
 
 
 def _safe(s: str) -> str:
@@ -306,7 +519,7 @@ def _safe(s: str) -> str:
     return out or "run"
 
 
-def open_contexts(paths: list, options: EmitOptions, warn) -> tuple[list, list[Ctx]]:
+def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None = None) -> tuple[list, list[Ctx]]:
     """Open the dumps (checksums are verified while streaming) and describe each context."""
     if not paths:
         raise UsageError("give at least one dump", code="no-input")
@@ -344,7 +557,10 @@ def open_contexts(paths: list, options: EmitOptions, warn) -> tuple[list, list[C
                     warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
                          "times and are not aligned with host records")
                 ctxs.append(c)
+        t = time.perf_counter()
         _join(ctxs, options, warn)
+        if timings is not None:
+            timings["join"] = time.perf_counter() - t
     except BaseException:
         for d in dumps:
             d.close()
@@ -353,7 +569,12 @@ def open_contexts(paths: list, options: EmitOptions, warn) -> tuple[list, list[C
 
 
 def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
-    """Device event -> host record: kvconv.reconcile's matches when affordable, else a streaming exact join."""
+    """Device event -> host record, per dump.
+
+    "auto": the vectorised exact join (:class:`ExactJoin`, the same matches as kvconv.reconcile's exact join) when
+    every device event that carries a gridid finds its host record; otherwise (no gridids: the ordered join; or
+    unmatched events, which reconcile explains and attributes) kvconv.reconcile's matches, up to
+    ``reconcile_max_events``. "always": kvconv.reconcile. "never": the vectorised exact join only."""
     try:
         from .. import reconcile as rec
     except ImportError:  # pragma: no cover - reconcile is part of kvconv
@@ -364,8 +585,12 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
     for cs in by_dump.values():
         d = cs[0].dump
         total = sum(c.n_events for c in cs)
+        for c in cs:
+            c.xjoin = ExactJoin(c.host) if c.host.n else None
         use = rec is not None and options.reconcile != "never" and (
             options.reconcile == "always" or total <= options.reconcile_max_events)
+        if use and options.reconcile == "auto":
+            use = not all(_probe(c, options) for c in cs)
         res = None
         if use:
             try:
@@ -373,12 +598,13 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
             except Exception as e:  # noqa: BLE001 - fall back to the streaming join, and say so
                 warn(f"{cs[0].label}: reconcile failed ({e}); using exact gridid joins only")
                 res = None
-        elif rec is not None and options.reconcile == "auto" and total:
+        elif rec is not None and options.reconcile == "auto" and total > options.reconcile_max_events:
             warn(f"{cs[0].label}: {total:,} device events exceed reconcile_max_events; flows and node slices use the "
                  "streaming exact (gridid) join only")
         for c in cs:
             h = c.host
             if res is not None:
+                c._runs = None
                 m = res.matches[res.matches["context_id"] == c.context_id]
                 hid = np.full(c.n_events, -1, np.int64)
                 di = m["device_index"]
@@ -396,13 +622,42 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
                     h.node_ordinal[gl["host_index"][sel]] = gl["node_ordinal"][sel]
                 joins = {int(j) for j in np.unique(m["join"][ok])} if ok.any() else set()
                 c.join = "+".join(rec.JOIN_NAMES[j] for j in sorted(joins) if j) or "none"
+            elif options.reconcile == "auto" and c._runs is not None:
+                c.join = "exact" if c._matched else "none"  # what reconcile calls the same matches
             else:
-                keys = _gid_key(h.grid_id, np.where((h.flags & _LF["has_tag"]) != 0, h.tag, 0))
-                sel = np.flatnonzero(h.shown & (h.grid_id != 0))
-                order = sel[np.argsort(keys[sel], kind="stable")]
-                c._gid_keys = keys[order]
-                c._gid_rows = order.astype(np.int64)
                 c.join = "exact(gridid)"
+
+
+RUNS_CACHE = 1 << 22  # runs kept from the join probe for the first pass (beyond: looked up again)
+
+
+def _probe(c: Ctx, options: EmitOptions) -> bool:
+    """Run the vectorised exact join over the context; True when its matches are reconcile's: some event carries a
+    gridid (else reconcile joins in order) and every block-enter event carrying one found its host record (else
+    reconcile explains and attributes them). Keeps the runs for the first pass."""
+    c._runs, c._matched = {}, 0
+    if c.xjoin is None or not c.n_events:
+        c._runs = None
+        return False
+    kept = 0
+    any_gid = False
+    for first, recs in c.chunks(options.chunk, sub=SLICE):
+        starts = _event_runs(recs)
+        hg, ht, hf, hk = _heads(recs, starts)
+        rhid = c.xjoin.lookup(hg, ht, hf, hk)
+        gid = (hk == _BLOCK_ENTER) & ((hf & _EVF["has_gridid"]) != 0)
+        any_gid = any_gid or bool(gid.any())
+        if bool((gid & (rhid < 0)).any()):
+            c._runs = None
+            return False
+        c._matched += int((rhid >= 0).sum())
+        kept += len(starts)
+        if kept <= RUNS_CACHE:
+            c._runs[first] = (len(recs), starts, rhid)
+    if not any_gid:
+        c._runs = None
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -417,6 +672,7 @@ class Agg:
     first_ts: np.ndarray  # per host row: earliest matched block entry (device ns, uint64)
     last_ts: np.ndarray
     flow_dev: np.ndarray  # (host rows, K) device indices that get a flow, -1 padding
+    flow_pos: dict  # chunk's first index -> its device indices that end a flow, increasing
     sm_count: np.ndarray  # events per SM id
     slots: np.ndarray  # kernel slots seen
     t0: int | None  # first device event ns (min)
@@ -451,6 +707,7 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     first = np.full(h.n, np.iinfo(np.uint64).max, np.uint64)
     last = np.zeros(h.n, np.uint64)
     flow_dev = np.full((h.n, K), -1, np.int64)
+    flow_pos: dict[int, np.ndarray] = {}
     sm = np.zeros(1 << 16, np.int64)
     slots: set[int] = set()
     t0 = t1 = None
@@ -462,34 +719,37 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     hist = np.zeros(0, np.int64)
     hbase = 0
     kept = 0
-    for first_i, recs in c.chunks(options.chunk, verify=options.verify_checksums):
-        hid = c.match(first_i, recs)
-        keep = event_keep(c, recs, hid, options, t0)
-        ts = recs["globaltimer"]
-        if keep is not None:
-            idx = np.flatnonzero(keep)
-            recs_k, hid, ts = recs[idx], hid[idx], ts[idx]
-            dev_index = first_i + idx
-        else:
-            recs_k = recs
-            dev_index = None
-        n = len(ts)
+    filtered = options.window_ms is not None or options.replays is not None
+    for first_i, recs in c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE):
         if progress is not None:
             progress(len(recs))
+        if not len(recs):
+            continue
+        starts, rhid = c.match_runs(first_i, recs)
+        ts = recs["globaltimer"]
+        dev_index = None
+        if filtered:
+            hid = expand_runs(starts, rhid, len(recs))
+            keep = event_keep(c, recs, hid, options, t0)
+            if keep is not None:
+                idx = np.flatnonzero(keep)
+                recs, hid, ts = recs[idx], hid[idx], ts[idx]
+                dev_index = first_i + idx
+                starts, rhid = _runs_of(hid)
+        n = len(ts)
         if not n:
             continue
         kept += n
-        tsi = ts.astype(np.uint64, copy=False)
+        tsi = np.ascontiguousarray(ts, dtype=np.uint64)
         lo, hi = int(tsi.min()), int(tsi.max())
         t0 = lo if t0 is None or (options.window_ms is None and lo < t0) else t0
         t1 = hi if t1 is None or hi > t1 else t1
-        sm += np.bincount(recs_k["smid"], minlength=1 << 16)
-        ks = recs_k["kernel_slot"]
+        sm += np.bincount(recs["smid"], minlength=1 << 16)
+        ks = recs["kernel_slot"]
         kmin, kmax = int(ks.min()), int(ks.max())
         slots.update([kmin] if kmin == kmax else np.unique(ks).tolist())
         # events per ms
-        ms = (tsi // np.uint64(1_000_000)).astype(np.int64)
-        mlo, mhi = int(ms.min()), int(ms.max())
+        mlo, mhi = lo // 1_000_000, hi // 1_000_000
         if not len(hist):
             hbase = mlo
         if mlo < hbase:
@@ -498,23 +758,51 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
         need = mhi - hbase + 1
         if need > 50_000_000:
             need = len(hist)
+            ms = (tsi // np.uint64(1_000_000)).astype(np.int64) - hbase
+            ms = ms[ms < need]
+            hist[: need] += np.bincount(ms, minlength=need)[:need]
         else:
             if need > len(hist):
                 hist = np.concatenate([hist, np.zeros(need - len(hist), np.int64)])
-            hist[: need] += np.bincount(ms - hbase, minlength=need)[:need]
-        # per host row
-        m = hid >= 0
+            if mlo == mhi:
+                hist[mlo - hbase] += n
+            else:
+                ms = (tsi // np.uint64(1_000_000)).astype(np.int64)
+                ms -= hbase
+                hist[: need] += np.bincount(ms, minlength=need)[:need]
+        # per host row, run by run
+        m = rhid >= 0
         if m.any():
-            hm = hid[m]
-            tm = tsi[m]
-            np.add.at(count, hm, 1) if len(hm) < 4096 else _add_counts(count, hm)
-            np.minimum.at(first, hm, tm)
-            np.maximum.at(last, hm, tm)
+            rl = np.diff(np.append(starts, n))
+            hm, rlm, sm_ = rhid[m], rl[m], starts[m]
+            base = _run_bases(hm, rlm, count)
+            rmin = np.minimum.reduceat(tsi, starts)[m]
+            rmax = np.maximum.reduceat(tsi, starts)[m]
+            if _distinct(hm, h.n):
+                count[hm] += rlm
+                np.minimum(first[hm], rmin, out=rmin)
+                first[hm] = rmin
+                np.maximum(last[hm], rmax, out=rmax)
+                last[hm] = rmax
+            else:
+                np.add.at(count, hm, rlm)
+                np.minimum.at(first, hm, rmin)
+                np.maximum.at(last, hm, rmax)
             if K:
-                di = (np.flatnonzero(m) + first_i) if dev_index is None else dev_index[m]
-                rank = _ranks(hm) + (count[hm] - _bincount_at(hm, count.shape[0]))
-                sel = rank < K
-                flow_dev[hm[sel], rank[sel]] = di[sel]
+                take = np.clip(K - base, 0, rlm)
+                tot = int(take.sum())
+                if tot:
+                    if tot == n:  # every event ends a flow
+                        pos = np.arange(n)
+                        slot = np.repeat(hm * K + base - sm_, rlm) + pos
+                    else:
+                        ri = np.repeat(np.arange(len(hm)), take)
+                        off = np.arange(tot) - np.repeat(np.cumsum(take) - take, take)
+                        pos = sm_[ri] + off
+                        slot = hm[ri] * K + base[ri] + off
+                    di = (pos + first_i) if dev_index is None else dev_index[pos]
+                    flow_dev.reshape(-1)[slot] = di
+                    flow_pos[first_i] = di  # increasing
     kept_hosts = np.ones(h.n, bool)
     if options.replays is not None:
         a, b = options.replays
@@ -528,8 +816,29 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
             hn = h.host_ns.astype(np.int64)
             in_win = in_win | (unm & (hn >= lo) & (hn <= hi))
         kept_hosts &= in_win
-    return Agg(count=count, first_ts=first, last_ts=last, flow_dev=flow_dev, sm_count=sm, slots=np.array(sorted(slots),
-               np.int64), t0=t0, t1=t1, hist_base=hbase, hist=hist, kept=kept, kept_hosts=kept_hosts)
+    return Agg(count=count, first_ts=first, last_ts=last, flow_dev=flow_dev, flow_pos=flow_pos, sm_count=sm,
+               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, hist_base=hbase, hist=hist, kept=kept,
+               kept_hosts=kept_hosts)
+
+
+def _distinct(hm: np.ndarray, n: int) -> bool:
+    """Whether the values of ``hm`` (host rows) are all different."""
+    if len(hm) <= 1 or bool(np.all(hm[1:] > hm[:-1])):
+        return True
+    return int(np.bincount(hm, minlength=n).max()) <= 1
+
+
+def _run_bases(hm: np.ndarray, rl: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Events of each run's host row before the run: earlier chunks (``count``) plus earlier runs of this chunk."""
+    base = count[hm].copy()
+    if len(hm) > 1 and not bool(np.all(hm[1:] > hm[:-1])):
+        o = np.argsort(hm, kind="stable")
+        s, r = hm[o], rl[o]
+        cs = np.cumsum(r) - r  # exclusive, over the sorted runs
+        head = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+        cs -= np.repeat(cs[head], np.diff(np.append(head, len(s))))
+        base[o] += cs
+    return base
 
 
 def _add_counts(count: np.ndarray, hm: np.ndarray) -> None:

@@ -1,14 +1,13 @@
 """Vectorised JSON lines: many objects of one shape, written as fixed-width numpy byte matrices.
 
-Numbers are right-aligned in a field as wide as the chunk's widest value, padded with spaces before the number (JSON
-allows whitespace between tokens), so every row of a group has the same width and no per-row Python runs. Rows are
-grouped by their string choices (e.g. kernel names), so groups may come out in another order than the rows came in;
-trace viewers sort events by time.
+Rows are grouped by their string choices (e.g. kernel names) and by the digit count of every number, so every row of
+a group has the same width (no padding) and no per-row Python runs. Groups may come out in another order than the
+rows came in; trace viewers sort events by time.
 
     >>> import numpy as np
     >>> rows = [lit('{"ts":'), ts_us(np.array([1500, 2_000_001], np.int64)), lit("}\\n")]
     >>> print(render(rows, 2).decode(), end="")
-    {"ts":   1.500}
+    {"ts":1.500}
     {"ts":2000.001}
 """
 
@@ -92,7 +91,143 @@ def _width(p: Part) -> int:
     raise AssertionError(p.kind)
 
 
+_U64 = np.uint64
+_LUT4_64 = _LUT4_32.astype(np.uint64)
+_E8 = _U64(10**8)
+
+
+def _ascii8(x: np.ndarray) -> np.ndarray:
+    """The 8 decimal digits (leading zeros) of each ``x`` < 10**8 as ASCII in a little-endian word."""
+    hi = x // _U64(10000)
+    lo = x - hi * _U64(10000)
+    w = _LUT4_64[lo.astype(np.intp)]
+    w <<= _U64(32)
+    w |= _LUT4_64[hi.astype(np.intp)]
+    return w
+
+
+def _digits_pieces(v: np.ndarray, D: int, at: int, out: list) -> None:
+    """``(position, word, bytes)`` pieces writing the ``D``-digit numbers ``v`` at byte ``at``."""
+    end = at + D
+    rem = v
+    while D > 0:
+        take = min(8, D)
+        if D > 8:
+            q = rem // _E8
+            chunk = rem - q * _E8
+            rem = q
+        else:
+            chunk = rem
+        if take <= 4:
+            w = _LUT4_64[chunk.astype(np.intp)]
+            if take < 4:
+                w >>= _U64(8 * (4 - take))
+        else:
+            w = _ascii8(chunk)
+            if take < 8:
+                w >>= _U64(8 * (8 - take))
+        out.append((end - take, w, take))
+        end -= take
+        D -= take
+
+
+def _number(v: np.ndarray, D: int, at: int, out: list, n: int) -> bytes:
+    """The bytes of a ``D``-digit number column at byte ``at`` for the row template (digits where they are the same
+    in every row, zeros elsewhere), adding the pieces of the others to ``out``. Columns of few distinct values are
+    rendered once per value and gathered; 8-digit blocks equal in every row go into the template."""
+    lo, hi = int(v.min()), int(v.max())
+    if lo == hi:
+        return str(lo).encode()
+    if hi - lo <= min(n // 4, 1 << 16):
+        lut: list = []
+        _digits_pieces(np.arange(lo, hi + 1, dtype=_U64), D, at, lut)
+        ix = (v - _U64(lo)).astype(np.intp)
+        out.extend((p, w[ix], L) for p, w, L in lut)
+        return bytes(D)
+    field = bytearray(D)
+    end, rem = D, v
+    while end > 0:
+        take = min(8, end)
+        if end > 8:
+            q = rem // _E8
+            chunk = rem - q * _E8
+            rem = q
+        else:
+            chunk = rem
+        c0, c1 = int(chunk.min()), int(chunk.max())
+        if c0 == c1:
+            field[end - take : end] = str(c0).zfill(take).encode()
+        else:
+            _digits_pieces(chunk, take, at + end - take, out)
+        end -= take
+    return bytes(field)
+
+
 def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
+    """The rows of one group (every number of a part has the same digit count in all its rows): a ``(n, width)``
+    uint8 matrix. The constant bytes are broadcast first; the 8-byte words holding numbers are assembled (template
+    bytes OR-ed with each number's ASCII digits shifted into place) and stored word column by word column."""
+    tmpl = bytearray()
+    pieces: list = []
+    for p in parts:
+        if p.kind == "lit":
+            tmpl += p.value
+        elif p.kind == "choice":
+            ids = p.value if idx is None else p.value[idx]
+            c0 = p.choices[int(ids[0])]
+            if int(ids.min()) == int(ids.max()):
+                tmpl += c0
+            else:  # strings of one length: their 8-byte words, gathered per row
+                Ls = len(c0)
+                padded = b"".join(c.ljust(-(-Ls // 8) * 8, b"\0")[: -(-Ls // 8) * 8] if len(c) == Ls
+                                  else bytes(-(-Ls // 8) * 8) for c in p.choices)
+                lut = np.frombuffer(padded, "<u8").reshape(len(p.choices), -1)
+                ix = ids.astype(np.intp)
+                for k in range(lut.shape[1]):
+                    pieces.append((len(tmpl) + 8 * k, lut[:, k][ix], min(8, Ls - 8 * k)))
+                tmpl += bytes(Ls)
+        else:
+            v = p.value if idx is None else p.value[idx]
+            if p.kind == "uint":
+                tmpl += _number(v, len(str(int(v[0]))), len(tmpl), pieces, n)
+            else:
+                q = v // _U64(1000)
+                tmpl += _number(q, len(str(int(q[0]))), len(tmpl), pieces, n)
+                tmpl += b"."
+                tmpl += _number(v - q * _U64(1000), 3, len(tmpl), pieces, n).rjust(3, b"0")
+    W = len(tmpl)
+    if W < 8 and pieces:
+        return _fill_bytes(parts, n, idx, i0)
+    buf = np.empty(n * W + 8, np.uint8)
+    mat = buf[: n * W].reshape(n, W)
+    row = np.frombuffer(bytes(tmpl), np.uint8)
+    if not pieces:
+        mat[:] = row
+        return mat
+    nw = (W + 7) // 8
+    words = np.frombuffer(bytes(tmpl) + bytes(8 * nw - W), "<u8")
+    cols: dict = {}
+    for p, val, L in pieces:
+        for j in range(p // 8, (p + L - 1) // 8 + 1):
+            sh = p - 8 * j
+            part = (val << _U64(8 * sh)) if sh > 0 else ((val >> _U64(-8 * sh)) if sh < 0 else val)
+            if j not in cols:
+                cols[j] = part | words[j] if words[j] else (part.copy() if part is val else part)
+            else:
+                cols[j] |= part
+    order = sorted(cols)
+    if nw - 1 in cols and W % 8:  # its bytes past the row end spill into the next row's first word: store that after
+        order = [nw - 1] + [j for j in order if j != nw - 1]
+        if 0 not in cols:
+            order.append(0)
+    mat[:] = row
+    for j in order:
+        dst = np.ndarray((n,), dtype=_U64, buffer=buf, offset=8 * j, strides=(W,))
+        dst[...] = cols[j] if j in cols else words[j]
+    return mat
+
+
+def _fill_bytes(parts: list, n: int, idx, i0: int) -> np.ndarray:
     widths = []
     for p in parts:
         if p.kind == "choice":
@@ -126,19 +261,50 @@ def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
     return mat
 
 
+SLICE = 1 << 16  # rows rendered at a time (the values and the rows being built stay in cache)
+
+
+def _digit_key(p: Part):
+    """(radix, per-row digit count) of a number part whose rows differ in digit count, else None."""
+    v = p.value if p.kind == "uint" else p.value // np.uint64(1000)
+    if not v.size:
+        return None
+    lo, hi = len(str(int(v.min()))), len(str(int(v.max())))
+    if lo == hi:
+        return None
+    return hi + 1, _ndigits(v)
+
+
 def render_parts(parts: list, n: int) -> list:
-    """The byte matrices of ``n`` rows (buffers for ``file.write``)."""
+    """The byte matrices of ``n`` rows (buffers for ``file.write``).
+
+    Rows are rendered in slices; within a slice they are grouped by their string choices and by the digit count of
+    each number, so that every group is one fixed-width matrix with no padding."""
     if n == 0:
         return []
-    ch = [p for p in parts if p.kind == "choice"]
-    if not ch:
+    if n > SLICE:
+        out = []
+        for s in range(0, n, SLICE):
+            e = min(n, s + SLICE)
+            out += render_parts([p if p.kind == "lit" else Part(p.kind, p.value[s:e], p.choices) for p in parts],
+                                e - s)
+        return out
+    comps = []
+    for p in parts:
+        if p.kind == "choice":
+            if len(p.choices) > 1 and int(p.value.min()) != int(p.value.max()):
+                lens = np.array([len(c) for c in p.choices], np.int64)
+                if lens.min() != lens.max():
+                    comps.append((int(lens.max()) + 1, lens[p.value]))  # rows group by string length
+        elif p.kind in ("uint", "ts"):
+            k = _digit_key(p)
+            if k is not None:
+                comps.append(k)
+    if not comps:
         return [_fill(parts, n, None, 0)]
     key = np.zeros(n, np.int64)
-    for p in ch:
-        key = key * len(p.choices) + p.value
-    kmin, kmax = int(key.min()), int(key.max())
-    if kmin == kmax:
-        return [_fill(parts, n, None, 0)]
+    for radix, v in comps:
+        key = key * radix + v
     order = np.argsort(key, kind="stable")
     sk = key[order]
     cut = np.flatnonzero(sk[1:] != sk[:-1]) + 1

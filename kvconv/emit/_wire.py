@@ -220,10 +220,101 @@ def _plan(node, i0: int, tmpl: bytearray, ops: list) -> None:
                 tmpl += (ch.tag + bytes(8)) * c
 
 
+def _spread(v: np.ndarray, L: int) -> np.ndarray:
+    """The low ``7 * min(L, 8)`` bits of ``v`` spread to 7 bits per byte, continuation bits set (``L`` >= 2)."""
+    x = v & _M56 if L > 8 or v.dtype != U64 else (v.copy() if L > 4 else v & U64((1 << (7 * L)) - 1))
+    if L > 4:
+        t = x & _S1B
+        t <<= U64(4)
+        x &= _S1A
+        x |= t
+    t = x & _S2B
+    t <<= U64(2)
+    x &= _S2A
+    x |= t
+    t = x & _S3B
+    t <<= U64(1)
+    x &= _S3A
+    x |= t
+    x |= _CONT[L]
+    return x
+
+
+_LUT_MAX = 1 << 16
+
+
+def _enc_varint(v: np.ndarray, L: int):
+    """Varint bytes of ``v`` (all of length ``L``) as little-endian words: (bytes 0..7, bytes 8.. or None)."""
+    if L == 1:
+        return v, None
+    if L == 2:
+        x = v >> U64(7)
+        x <<= U64(8)
+        x |= v & U64(0x7F)
+        x |= U64(0x80)
+        return x, None
+    if L <= 8:
+        n = len(v)
+        if n >= 4096:
+            lo, hi = int(v.min()), int(v.max())
+            if hi - lo < min(_LUT_MAX, n // 4):  # few distinct values: encode them once, gather
+                lut = _spread(np.arange(lo, hi + 1, dtype=U64), L)
+                return lut[(v - U64(lo)).astype(np.intp)], None
+        return _spread(v, L), None
+    x = _spread(v, L)
+    hi = v >> U64(56)
+    if L == 10:
+        hi = (hi & U64(0x7F)) | U64(0x80) | ((v >> U64(63)) << U64(8))
+    return x, hi
+
+
 def _fill(node, n: int, idx, i0: int) -> np.ndarray:
+    """The rows of one layout group: a ``(n, width)`` uint8 matrix.
+
+    Rows are assembled as 8-byte words (template constants OR-ed with each field's bytes, shifted into place) and
+    stored word column by word column into the row-major buffer, the last column first: its bytes past the row end
+    spill into the next row's first word, which is stored afterwards."""
     tmpl = bytearray()
     ops: list = []
     _plan(node, i0, tmpl, ops)
+    W = len(tmpl)
+    if W < 8:
+        return _fill_bytes(tmpl, ops, n, idx)
+    nw = (W + 7) // 8
+    words = np.frombuffer(bytes(tmpl) + bytes(8 * nw - W), "<u8")
+    cols: list = [None] * nw
+
+    def put(p: int, val: np.ndarray, L: int) -> None:
+        for j in range(p // 8, (p + L - 1) // 8 + 1):
+            sh = p - 8 * j
+            part = (val << U64(8 * sh)) if sh > 0 else ((val >> U64(-8 * sh)) if sh < 0 else val)
+            if cols[j] is None:
+                cols[j] = part | words[j] if words[j] else (part.copy() if part is val else part)
+            else:
+                cols[j] |= part
+
+    for pos, ch, L in ops:
+        v = _sel(ch.value, idx)
+        if ch.kind == "v":
+            lo, hi = _enc_varint(v, L)
+            put(pos, lo, min(L, 8))
+            if hi is not None:
+                put(pos + 8, hi, L - 8)
+        elif ch.kind == "f64":
+            put(pos, np.ascontiguousarray(v, dtype=U64), 8)
+    buf = np.empty(n * W + 8, np.uint8)
+    for j in [nw - 1] + list(range(nw - 1)):
+        dst = np.ndarray((n,), dtype=U64, buffer=buf, offset=8 * j, strides=(W,))
+        dst[...] = cols[j] if cols[j] is not None else words[j]
+    mat = buf[: n * W].reshape(n, W)
+    for pos, ch, L in ops:  # repeated fixed64: the tags came with the template, the values are copied as bytes
+        if ch.kind == "rf64":
+            dst = np.ndarray((n, L), dtype=U64, buffer=buf, offset=pos + len(ch.tag), strides=(W, len(ch.tag) + 8))
+            dst[...] = _sel(ch.value, idx)[:, :L]
+    return mat
+
+
+def _fill_bytes(tmpl: bytearray, ops: list, n: int, idx) -> np.ndarray:
     mat = np.empty((n, len(tmpl)), np.uint8)
     mat[:] = np.frombuffer(bytes(tmpl), np.uint8)
     for pos, ch, L in ops:
@@ -232,10 +323,8 @@ def _fill(node, n: int, idx, i0: int) -> np.ndarray:
         elif ch.kind == "f64":
             mat[:, pos : pos + 8] = np.ascontiguousarray(_sel(ch.value, idx)).view(np.uint8).reshape(-1, 8)
         else:
-            w = len(ch.tag) + 8
-            blk = mat[:, pos : pos + L * w].reshape(n, L, w)
-            vals = np.ascontiguousarray(_sel(ch.value, idx)[:, :L])
-            blk[:, :, len(ch.tag) :] = vals.view(np.uint8).reshape(-1, L, 8)
+            dst = np.ndarray((n, L), dtype=U64, buffer=buf, offset=pos + len(ch.tag), strides=(W, len(ch.tag) + 8))
+            dst[...] = _sel(ch.value, idx)[:, :L]
     return mat
 
 
@@ -267,6 +356,44 @@ def encode(children: list, n: int) -> tuple[bytes, np.ndarray | None]:
     ``Trace.packet``). Returns the bytes and the row order used (None: rows in input order)."""
     parts, order = encode_parts(children, n)
     return b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in parts), order
+
+
+def _sig(node, i0: int, out: list) -> list:
+    """Row ``i0``'s layout signature: every field's encoded length (0: absent) and every optional message's
+    presence, in the order :func:`_msg_len` collects them. Groups of :func:`encode_parts` come out in increasing
+    signature order, so sorting groups of consecutive row ranges by signature (stably) gives the same byte order as
+    encoding all the rows at once."""
+    for ch in node:
+        if isinstance(ch, Msg):
+            _sig(ch.children, i0, out)
+            if ch.present is not None:
+                out.append(int(bool(ch.present[i0])))
+            continue
+        if ch.present is not None and not bool(ch.present[i0]):
+            out.append(0)
+        elif ch.kind == "c":
+            out.append(len(ch.value))
+        elif ch.kind == "v":
+            out.append(len(ch.tag) + len(varint_bytes(int(ch.value[i0]))))
+        elif ch.kind == "f64":
+            out.append(len(ch.tag) + 8)
+        else:
+            out.append(int(ch.count[i0]) * (len(ch.tag) + 8))
+    return out
+
+
+def encode_groups(children: list, n: int) -> list:
+    """Like :func:`encode_parts`, each byte matrix with its layout signature: ``[(signature, matrix), ...]``."""
+    parts, order = encode_parts(children, n)
+    if not parts:
+        return []
+    if order is None:
+        return [(tuple(_sig(children, 0, [])), parts[0])]
+    out, at = [], 0
+    for m in parts:
+        out.append((tuple(_sig(children, int(order[at]), [])), m))
+        at += len(m)
+    return out
 
 
 def encode_parts(children: list, n: int) -> tuple[list, np.ndarray | None]:

@@ -17,13 +17,13 @@ their word. Single-field kinds (canary_pages, the byte blobs) are handed to Arro
 from __future__ import annotations
 
 import json
-import os
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import layout
-from ._source import EmitOptions, EmitResult, Progress, open_contexts
+from ._source import SLICE, EmitOptions, EmitResult, Progress, open_contexts
 
 BLOCK = 8192  # rows per transpose block (8192 x 64 bytes stays in L2)
 MATCH_NP = [("context_id", "<u4"), ("device_index", "<i8"), ("host_kind", "<u2"), ("host_index", "<i8"),
@@ -43,14 +43,23 @@ class Deinterleave:
         self.dtype = dtype
         self.fields = [(name, dtype.fields[name][0], dtype.fields[name][1]) for name in dtype.names]
         self.words = dtype.itemsize // 8 if dtype.itemsize % 8 == 0 else 0
-        self.buf = np.empty((self.words, chunk), np.uint64) if self.words else None
+        self.chunk = chunk
+        self._alloc(chunk)
+
+    def _alloc(self, n: int) -> None:
+        # one set of output columns, reused chunk after chunk (fresh pages cost more than the copy itself)
+        self.buf = np.empty((self.words, n), np.uint64) if self.words else None
+        self.narrow = {name: np.empty(n, dt) for name, dt, off in self.fields
+                       if not (dt.itemsize == 8 and off % 8 == 0)}
+        self.tmp = np.empty(n, np.uint64)
 
     def __call__(self, recs: np.ndarray) -> dict[str, np.ndarray]:
+        """The columns of ``recs``, valid until the next call."""
         n = len(recs)
         if not self.words or not recs.flags.c_contiguous:
             return {name: np.ascontiguousarray(recs[name]) for name, _, _ in self.fields}
         if self.buf.shape[1] < n:
-            self.buf = np.empty((self.words, n), np.uint64)
+            self._alloc(n)
         raw = recs.view(np.uint64).reshape(n, self.words) if n else np.zeros((0, self.words), np.uint64)
         T = self.buf[:, :n]
         for s in range(0, n, BLOCK):
@@ -61,9 +70,22 @@ class Deinterleave:
             if dt.itemsize == 8 and b == 0:
                 out[name] = T[w].view(dt)
             else:
-                out[name] = np.ascontiguousarray(T[w].view(np.uint8).reshape(n, 8)[:, b : b + dt.itemsize]).view(
-                    dt).reshape(n)
+                col = self.narrow[name][:n]
+                if dt.kind == "u" and dt.byteorder in "<=|" and np.little_endian:
+                    # unsigned field inside a word: shift it down, then the casting copy keeps its low bytes
+                    src = T[w]
+                    if b:
+                        src = np.right_shift(T[w], np.uint64(8 * b), out=self.tmp[:n])
+                    np.copyto(col, src, casting="unsafe")
+                else:
+                    np.copyto(col, T[w].view(np.uint8).reshape(n, 8)[:, b : b + dt.itemsize].view(dt).reshape(n))
+                out[name] = col
         return out
+
+
+def _columns(recs: np.ndarray) -> dict[str, np.ndarray]:
+    """The columns of a whole record table, copied out in one pass."""
+    return Deinterleave(recs.dtype, len(recs))(recs) if len(recs) else {n: recs[n].copy() for n in recs.dtype.names}
 
 
 def _schema(pa, dtype: np.dtype, extra: list, meta: dict):
@@ -112,7 +134,7 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
     warn = warn or res.warnings.append
     paths = [str(p) for p in paths]
     check_not_input(out, paths)
-    dumps, ctxs = open_contexts(paths, options, warn)
+    dumps, ctxs = open_contexts(paths, options, warn, res.timings)
     ext = "parquet" if options.arrow_format == "parquet" else "arrow"
     try:
         total = sum(c.n_events for c in ctxs)
@@ -133,6 +155,7 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
 
 
 def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: EmitResult) -> None:
+    t_start = time.perf_counter()
     d = c.dump
     ctx = c.context_id
     align = {"run": c.run, "dump": c.label, "context_id": ctx, "device_id": c.device_id, **c.clock.bound()}
@@ -177,7 +200,7 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
         if not d.groups_of(kind, context_id=ctx):
             continue
         s = sink(kind, layout.DTYPES["host_launch"])
-        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols = _columns(recs)
         cols["context_id"] = np.full(len(recs), ctx, np.uint32)
         s.write(cols)
         s.close()
@@ -187,7 +210,7 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
     if d.groups_of("kernel", context_id=ctx):
         recs = d.records("kernel", context_id=ctx)
         s = sink("kernel", layout.DTYPES["kernel"], [pa.field("name", pa.string()), pa.field("module", pa.string())])
-        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols = _columns(recs)
         cols["context_id"] = np.full(len(recs), ctx, np.uint32)
         cols["name"] = [blob[int(o) : int(o) + int(n)].decode("utf-8", "replace")
                         for o, n in zip(recs["name_off"], recs["name_len"])]
@@ -198,14 +221,14 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
     if d.groups_of("clock_sync", context_id=ctx):
         recs = d.records("clock_sync", context_id=ctx)
         s = sink("clock_sync", layout.DTYPES["clock_sync"])
-        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols = _columns(recs)
         cols["context_id"] = np.full(len(recs), ctx, np.uint32)
         s.write(cols)
         s.close()
     if d.groups_of("canary", context_id=ctx):
         recs = d.records("canary", context_id=ctx)
         s = sink("canary", layout.DTYPES["canary"], [pa.field("buffer", pa.string())])
-        cols = {n: np.ascontiguousarray(recs[n]) for n in recs.dtype.names}
+        cols = _columns(recs)
         cols["context_id"] = np.full(len(recs), ctx, np.uint32)
         cols["buffer"] = [blob[int(o) : int(o) + int(n)].decode("utf-8", "replace")
                           for o, n in zip(recs["name_off"], recs["name_len"])]
@@ -225,6 +248,8 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
         s = sink("strings", None, fields=[pa.field("blob", pa.binary())])
         s.write({"context_id": np.array([ctx], np.uint32), "blob": pa.array([blob], pa.binary())})
         s.close()
+    res.timings["record_tables"] = res.timings.get("record_tables", 0.0) + time.perf_counter() - t_start
+    t_start = time.perf_counter()
     # matches
     if c.n_events:
         mt = np.dtype(MATCH_NP)
@@ -236,32 +261,55 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
             cols["join_name"] = _join_names(pa, m["join"])
             s.write(cols)
         else:
-            h = c.host
-            for first, recs in c.chunks(options.chunk):
-                hid = c.match(first, recs) if h.n else np.full(len(recs), -1, np.int64)
-                ok = hid >= 0
-                hp = np.minimum(np.maximum(hid, 0), max(h.n - 1, 0))
-                if not h.n:  # nothing to gather from: a one-row stand-in table
-                    h = _empty_host(h)
-                kind = np.where(ok, h.kind[hp], 0).astype(np.uint16)
-                hidx = np.where(ok, h.index[hp], -1)
-                cols = {"context_id": np.full(len(recs), ctx, np.uint32),
-                        "device_index": np.arange(first, first + len(recs), dtype=np.int64),
-                        "host_kind": kind, "host_index": hidx,
-                        "replay": np.where(ok, h.launch_id[hp], 0).astype(np.uint64),
-                        "node_ordinal": np.where(ok, h.node_ordinal[hp], -1).astype(np.int32),
-                        "join": ok.astype(np.uint8),
-                        "join_name": _join_names(pa, ok.astype(np.uint8))}
+            # the exact join's matches: one batch per context when they are reconcile's (auto: the same table, the
+            # same bytes), a batch per chunk otherwise (bounded memory)
+            tabs = _match_tables(c)
+            if c._runs is not None:
+                cols = _match_arrays(c.context_id, 0, c.n_events)
+                for first, recs in c.chunks(options.chunk):
+                    _fill_matches(c, first, recs, cols, first, tabs)
+                cols["join_name"] = _join_names(pa, cols["join"])
                 s.write(cols)
+            else:
+                for first, recs in c.chunks(options.chunk):
+                    cols = _match_arrays(c.context_id, first, len(recs))
+                    _fill_matches(c, first, recs, cols, 0, tabs)
+                    cols["join_name"] = _join_names(pa, cols["join"])
+                    s.write(cols)
         s.close()
-    _ = os
+    res.timings["matches"] = res.timings.get("matches", 0.0) + time.perf_counter() - t_start
 
 
-def _empty_host(h):
-    from dataclasses import replace
+def _match_tables(c) -> list:
+    """Per host row (and one more row for "unmatched"): the matches columns kvconv.reconcile writes."""
+    h = c.host
+    isg = h.kind == layout.KINDS["graph_node"].id
+    return [("host_kind", np.append(h.kind, 0).astype(np.uint16)),
+            ("host_index", np.append(h.index, -1).astype(np.int64)),
+            ("replay", np.append(np.where(isg, h.launch_id, 0), 0).astype(np.uint64)),
+            ("node_ordinal", np.append(h.node_ordinal, -1).astype(np.int32)),
+            ("join", np.append(np.ones(h.n, np.uint8), 0).astype(np.uint8))]
 
-    z = lambda dt: np.zeros(1, dt)  # noqa: E731
-    return replace(h, kind=z(np.uint16), index=z(np.int64), launch_id=z(np.uint64), node_ordinal=z(np.int32))
+
+def _match_arrays(ctx: int, first: int, n: int) -> dict:
+    out = {"context_id": np.full(n, ctx, np.uint32), "device_index": np.arange(first, first + n, dtype=np.int64)}
+    for name, dt in MATCH_NP[2:]:
+        out[name] = np.empty(n, dt)
+    return out
+
+
+def _fill_matches(c, first: int, recs: np.ndarray, cols: dict, at: int, tabs: list) -> None:
+    """The matches rows of the events ``recs`` (device indices from ``first``) into ``cols`` from row ``at``, run by
+    run of the exact join, in cache-sized slices."""
+    nh = c.host.n
+    for s in range(0, len(recs), SLICE):
+        sub = recs[s : s + SLICE]
+        starts, rhid = c.match_runs(first + s, sub)
+        r = np.where(rhid >= 0, rhid, nh)
+        rl = np.diff(np.append(starts, len(sub)))
+        lo = at + s
+        for name, tab in tabs:
+            cols[name][lo : lo + len(sub)] = np.repeat(tab[r], rl)
 
 
 def _join_names(pa, join: np.ndarray):

@@ -14,11 +14,12 @@ import json
 import numpy as np
 
 from . import _text as t
-from ._source import (EAGER, GRAPH_NODE, EmitOptions, EmitResult, Progress, event_keep, first_pass, flow_id,
+from ._source import (EAGER, GRAPH_NODE, SLICE, EmitOptions, EmitResult, Progress, first_pass, flow_id,
                       open_contexts, out_size)
 from .perfetto import _Plan, _short
 
 EST_EVENT_BYTES = 130
+LINES = SLICE  # device events rendered at a time
 
 
 def _j(s: str) -> bytes:
@@ -162,16 +163,27 @@ class _Chrome:
         return parts
 
     def device(self, first: int, recs: np.ndarray) -> tuple[list, int]:
-        pl, c, agg, opt = self.pl, self.c, self.pl.agg, self.pl.opt
-        hid = c.match(first, recs)
-        keep = event_keep(c, recs, hid, opt, agg.t0)
+        pl = self.pl
+        keep = pl.keep(first, recs)
+        hasm = pl.flow_mask(first, len(recs))
         dev_index = None
         if keep is not None:
             idx = np.flatnonzero(keep)
-            recs, hid, dev_index = recs[idx], hid[idx], first + idx
+            recs, dev_index = recs[idx], first + idx
+            hasm = hasm[idx] if hasm is not None else None
         n = len(recs)
         if not n:
             return [], 0
+        parts = []
+        for s in range(0, n, LINES):  # slices whose records and temporaries stay in cache
+            e = min(n, s + LINES)
+            di = (first + np.arange(s, e)) if dev_index is None else dev_index[s:e]
+            parts += self._device_slice(recs[s:e], di, hasm[s:e] if hasm is not None else None)
+        return parts, n
+
+    def _device_slice(self, recs: np.ndarray, di: np.ndarray, hasm) -> list:
+        pl, c = self.pl, self.c
+        n = len(recs)
         ts = c.clock.to_host(recs["globaltimer"])
         tid = recs["smid"].astype(np.int64) + int(self.tid(pl.u.sm(0)))
         slot = recs["kernel_slot"]
@@ -186,15 +198,16 @@ class _Chrome:
             t.lit(',"dur":0,"name":'), t.choice(nid.reshape(-1), strings), t.lit(',"cat":"block","args":{"block":['),
             t.uint(recs["block_x"]), t.lit(","), t.uint(recs["block_y"]), t.lit(","), t.uint(recs["block_z"]),
             t.lit('],"seq":'), t.uint(recs["sequence"]), t.lit("}}")], n)
-        if opt.flows and pl.flow_last.size:
-            di = (first + np.arange(n)) if dev_index is None else dev_index
-            has = np.flatnonzero((hid >= 0) & (di <= pl.flow_last[np.maximum(hid, 0)]))
+        if hasm is not None:
+            has = np.flatnonzero(hasm)
             if len(has):
+                if len(has) == n:  # every block ends a flow
+                    has = slice(None)
                 parts += t.render_parts([
                     t.lit(b',\n{"ph":"f","bp":"e","pid":%d,"tid":' % self.pid), t.uint(tid[has]), t.lit(',"ts":'),
                     t.ts_us(ts[has]), t.lit(',"id":'), t.uint(flow_id(c, di[has])),
-                    t.lit(',"name":"launch","cat":"flow"}')], len(has))
-        return parts, n
+                    t.lit(',"name":"launch","cat":"flow"}')], len(tid[has]))
+        return parts
 
 
 def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
@@ -220,7 +233,9 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
                      "dump's clock-sync pairs", "alignment": [_align(c) for c in ctxs]}
             head = {"displayTimeUnit": "ns", "otherData": other}
-            with atomic_output(out, inputs=paths) as tmp, open(tmp, "wb") as f:
+            # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
+            # the whole file back when it is closed, which the close then waits on
+            with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
                 f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
                 f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
                 for ch in plans:

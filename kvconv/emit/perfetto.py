@@ -21,10 +21,13 @@ the few dozen descriptor / interning / snapshot packets use perfetto's own proto
 
 from __future__ import annotations
 
+import bisect
+import heapq
+
 import numpy as np
 
 from . import _wire as w
-from ._source import (EAGER, GRAPH_NODE, Ctx, EmitOptions, EmitResult, Progress, event_keep, first_pass, flow_id,
+from ._source import (EAGER, GRAPH_NODE, SLICE, Ctx, EmitOptions, EmitResult, Progress, event_keep, first_pass, flow_id,
                       open_contexts, out_size, unique_pairs)
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
@@ -88,18 +91,20 @@ def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     s, e = start[order], end[order]
     if bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
         return lane
-    ends: list[int] = []
+    # each slice takes the lowest-numbered lane whose last slice ended before it starts (heaps: O(n log n))
+    busy: list = []  # (end, lane) of lanes in use
+    free: list = []  # lanes whose last slice has ended
+    nlanes = 0
     out = np.zeros(n, np.int64)
-    for k in range(n):
-        si, ei = int(s[k]), int(e[k])
-        for j, le in enumerate(ends):
-            if si > le:
-                ends[j] = ei
-                out[k] = j
-                break
+    for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
+        while busy and busy[0][0] < si:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            j = heapq.heappop(free)
         else:
-            ends.append(ei)
-            out[k] = len(ends) - 1
+            j, nlanes = nlanes, nlanes + 1
+        out[k] = j
+        heapq.heappush(busy, (ei, j))
     lane[order] = out
     return lane
 
@@ -180,14 +185,13 @@ class _Plan:
         # replay slices per (exec, launch id)
         self.replays = []  # (exec j, replay, start, end)
         if len(rows):
-            lid = h.launch_id[rows].astype(np.int64)
+            lid = h.launch_id[rows].astype(np.uint64)  # replay ids are u64 (kept so: a huge one is not negative)
             _, firsts, inv = unique_pairs(ex_of, lid)
-            uk = np.stack([ex_of[firsts], lid[firsts]], 1)
-            st = np.full(len(uk), np.iinfo(np.uint64).max, np.uint64)
-            en = np.zeros(len(uk), np.uint64)
+            st = np.full(len(firsts), np.iinfo(np.uint64).max, np.uint64)
+            en = np.zeros(len(firsts), np.uint64)
             np.minimum.at(st, inv, agg.first_ts[rows])
             np.maximum.at(en, inv, agg.last_ts[rows])
-            self.replays = [(int(uk[i, 0]), int(uk[i, 1]), int(st[i]), int(en[i])) for i in range(len(uk))]
+            self.replays = list(zip(ex_of[firsts].tolist(), lid[firsts].tolist(), st.tolist(), en.tolist()))
         self.replay_lane = np.zeros(len(self.replays), np.int64)
         self.replay_lanes = {}
         for j in range(len(self.execs)):
@@ -212,8 +216,7 @@ class _Plan:
             us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
             self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
                                           np.uint64)[inv.reshape(-1)]
-        # the K flows of a host row go to its first K device events, so "index <= the K-th" decides membership
-        self.flow_last = agg.flow_dev.max(1) if agg.flow_dev.shape[1] else np.full(h.n, -1, np.int64)
+        self.flow_keys = sorted(agg.flow_pos)  # first indices of the slices holding flow ends
         self.canary = None
         if c.dump.groups_of("canary", context_id=c.context_id):
             from .. import canary
@@ -318,6 +321,30 @@ class _Plan:
             out.append(frame(p.SerializeToString()))
         return out
 
+    # -- device events ------------------------------------------------------------------------------------
+
+    def keep(self, first: int, recs: np.ndarray):
+        """The filter mask of a chunk (None: all kept); the join is looked up only when a filter needs it."""
+        opt = self.opt
+        if opt.window_ms is None and opt.replays is None:
+            return None
+        hid = self.c.match(first, recs) if opt.replays is not None else None
+        return event_keep(self.c, recs, hid, opt, self.agg.t0)
+
+    def flow_mask(self, first: int, n: int):
+        """Which events of the chunk ``first .. first+n`` end a flow (None: none)."""
+        if not self.opt.flows or not self.agg.flow_pos:
+            return None
+        fp = self.agg.flow_pos
+        keys = self.flow_keys
+        lo, hi = bisect.bisect_left(keys, first), bisect.bisect_left(keys, first + n)
+        if lo == hi:
+            return None
+        fs = np.concatenate([fp[k] for k in keys[lo:hi]])
+        has = np.zeros(n, bool)
+        has[fs - first] = True
+        return has
+
     # -- vectorised packets -----------------------------------------------------------------------------------
 
     def host_packets(self) -> tuple[list, int]:
@@ -416,17 +443,35 @@ class _Plan:
         return parts
 
     def device_packets(self, first: int, recs: np.ndarray) -> tuple[list, int, int]:
-        """The block-entry instants of one chunk: (buffers, events written, flows ended)."""
-        c, agg, opt = self.c, self.agg, self.opt
-        hid = c.match(first, recs)
-        keep = event_keep(c, recs, hid, opt, agg.t0)
+        """The block-entry instants of one chunk: (buffers, events written, flows ended).
+
+        The chunk is encoded in cache-sized slices; the slices' layout groups are merged back into the order one
+        encoding of the whole chunk gives (see :func:`_wire.encode_groups`)."""
+        keep = self.keep(first, recs)
+        has = self.flow_mask(first, len(recs))
         dev_index = None
         if keep is not None:
             idx = np.flatnonzero(keep)
-            recs, hid, dev_index = recs[idx], hid[idx], first + idx
+            recs, dev_index = recs[idx], first + idx
+            has = has[idx] if has is not None else None
         n = len(recs)
         if not n:
             return [], 0, 0
+        nflow = int(has.sum()) if has is not None else 0
+        if nflow == n:
+            has = None  # every event ends a flow: the field is not optional
+        groups = []
+        for s in range(0, n, SLICE):
+            e = min(n, s + SLICE)
+            di = (first + np.arange(s, e, dtype=np.uint64)) if dev_index is None else dev_index[s:e]
+            for sig, m in self._device_slice(recs[s:e], di, nflow, has[s:e] if has is not None else None):
+                groups.append((sig, s, m))
+        if len(groups) > 1:
+            groups.sort(key=lambda g: (g[0], g[1]))
+        return [g[2] for g in groups], n, nflow
+
+    def _device_slice(self, recs, di, nflow: int, has) -> list:
+        c = self.c
         slot = recs["kernel_slot"]
         if self.slot_lut is not None:
             iid = self.slot_lut[slot]
@@ -435,20 +480,11 @@ class _Plan:
         track = np.uint64(self.u.sm(0)) + recs["smid"].astype(np.uint64)
         te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])]),
               w.const(bytes([0x48, T_INSTANT])), w.varint(10, iid), w.varint(11, track)]
-        nflow = 0
-        K = opt.flows
-        if K and self.flow_last.size:
-            m = hid >= 0
-            if m.any():
-                di = (first + np.arange(n)) if dev_index is None else dev_index
-                has = m & (di <= self.flow_last[np.maximum(hid, 0)])
-                nflow = int(has.sum())
-                if nflow:
-                    te.append(w.fixed64(48, flow_id(c, di), present=has if nflow < n else None))
+        if nflow:
+            te.append(w.fixed64(48, flow_id(c, di), present=has))
         pk = [w.varint(8, recs["globaltimer"]), w.varint(10, self.dev_seq), w.msg(11, te),
               w.const(bytes([0x68, SEQ_NEEDS]))]
-        parts, _ = w.encode_parts([w.msg(1, pk)], n)
-        return parts, n, nflow
+        return w.encode_groups([w.msg(1, pk)], len(recs))
 
 
 def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
@@ -478,7 +514,9 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                      f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
                      "--replays FIRST:LAST, or open it with trace_processor --httpd")
             plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
-            with atomic_output(out, inputs=paths) as tmp, open(tmp, "wb") as f:
+            # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
+            # the whole file back when it is closed, which the close then waits on
+            with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
                 for pl in plans:
                     for b in pl.descriptors(pb):
                         f.write(b)
