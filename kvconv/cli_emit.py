@@ -29,7 +29,7 @@ def _report(res, quiet: bool) -> None:
     from .cli import err
 
     for wmsg in res.warnings:
-        err(f"warning: {wmsg}")
+        err(f"Warning: {wmsg}")
     if quiet:
         return
     for a in res.alignment:
@@ -54,6 +54,7 @@ _RECONCILE = typer.Option("auto", "--reconcile", help="auto | always | never (ne
                           "that join when it matches every event, else kvconv reconcile's join)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
 _PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress bar (default: only on a terminal)")
+_SALVAGE = typer.Option(False, "--salvage", help="convert a dump cut short up to its last whole record (warns)")
 _QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
 
@@ -69,6 +70,7 @@ def register(app: typer.Typer) -> None:
         reconcile: str = _RECONCILE,
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
+        salvage: bool = _SALVAGE,
         quiet: bool = _QUIET,
     ) -> None:
         """Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.
@@ -77,7 +79,8 @@ def register(app: typer.Typer) -> None:
         """
         from .emit.perfetto import write_perfetto
 
-        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress))
+        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress,
+                                                           salvage=salvage))
         _report(res, quiet)
 
     @app.command()
@@ -90,6 +93,7 @@ def register(app: typer.Typer) -> None:
         reconcile: str = _RECONCILE,
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
+        salvage: bool = _SALVAGE,
         quiet: bool = _QUIET,
     ) -> None:
         """Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.
@@ -98,7 +102,8 @@ def register(app: typer.Typer) -> None:
         """
         from .emit.chrome import write_chrome
 
-        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress))
+        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress,
+                                                           salvage=salvage))
         _report(res, quiet)
 
     @app.command()
@@ -110,6 +115,7 @@ def register(app: typer.Typer) -> None:
         reconcile: str = _RECONCILE,
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
+        salvage: bool = _SALVAGE,
         quiet: bool = _QUIET,
     ) -> None:
         """Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and
@@ -119,7 +125,7 @@ def register(app: typer.Typer) -> None:
         """
         from .emit.arrow import write_arrow
 
-        opts = _options(None, None, 0, reconcile, chunk, progress, arrow_format=fmt,
+        opts = _options(None, None, 0, reconcile, chunk, progress, arrow_format=fmt, salvage=salvage,
                         compression=None if compression == "none" else compression)
         res = write_arrow(dumps, out, options=opts)
         _report(res, quiet)

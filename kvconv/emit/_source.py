@@ -54,6 +54,7 @@ class EmitOptions:
     ui_limit_bytes: warn when a Perfetto/Chrome trace is bigger than the Perfetto UI loads comfortably.
     progress: show a progress bar (None: only when stderr is a terminal).
     arrow_format: "arrow" (IPC files) or "parquet"; compression: None, "lz4" or "zstd".
+    salvage: read dumps cut short up to their last whole record (the loss is reported as a warning).
     """
 
     chunk: int = 1 << 18
@@ -67,6 +68,7 @@ class EmitOptions:
     verify_checksums: bool = True
     arrow_format: str = "arrow"
     compression: str | None = None
+    salvage: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
@@ -523,7 +525,7 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
     """Open the dumps (checksums are verified while streaming) and describe each context."""
     if not paths:
         raise UsageError("give at least one dump", code="no-input")
-    dumps = dumpmod.open_many(paths, options=dumpmod.ReadOptions(verify_checksums=False))
+    dumps = dumpmod.open_many(paths, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage))
     ctxs: list[Ctx] = []
     runs: dict[str, int] = {}
     try:
@@ -677,8 +679,8 @@ class Agg:
     slots: np.ndarray  # kernel slots seen
     t0: int | None  # first device event ns (min)
     t1: int | None
-    hist_base: int  # ms bin of hist[0]
-    hist: np.ndarray  # device events per ms
+    rate_ms: np.ndarray  # events-per-ms counter as a step function: ms bins where the count changes (uint64) ...
+    rate_vals: np.ndarray  # ... and the count from there on (the last step is back to 0)
     kept: int  # device events kept by the filters
     kept_hosts: np.ndarray  # bool per host row
 
@@ -716,8 +718,8 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     if options.window_ms is not None and c.n_events:
         mins = [int(g.records["globaltimer"].min()) for g in c.groups if len(g.records)]
         t0 = min(mins) if mins else None
-    hist = np.zeros(0, np.int64)
-    hbase = 0
+    bins_parts: list[np.ndarray] = []  # per chunk: distinct ms bins and their counts (sparse: bounded by the events,
+    cnt_parts: list[np.ndarray] = []  # never by the time span a damaged timestamp can open)
     kept = 0
     filtered = options.window_ms is not None or options.replays is not None
     for first_i, recs in c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE):
@@ -749,27 +751,14 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
         kmin, kmax = int(ks.min()), int(ks.max())
         slots.update([kmin] if kmin == kmax else np.unique(ks).tolist())
         # events per ms
-        mlo, mhi = lo // 1_000_000, hi // 1_000_000
-        if not len(hist):
-            hbase = mlo
-        if mlo < hbase:
-            hist = np.concatenate([np.zeros(hbase - mlo, np.int64), hist])
-            hbase = mlo
-        need = mhi - hbase + 1
-        if need > 50_000_000:
-            need = len(hist)
-            ms = (tsi // np.uint64(1_000_000)).astype(np.int64) - hbase
-            ms = ms[ms < need]
-            hist[: need] += np.bincount(ms, minlength=need)[:need]
+        ms = tsi // np.uint64(1_000_000)
+        if lo // 1_000_000 == hi // 1_000_000:
+            bins_parts.append(ms[:1])
+            cnt_parts.append(np.array([n], np.int64))
         else:
-            if need > len(hist):
-                hist = np.concatenate([hist, np.zeros(need - len(hist), np.int64)])
-            if mlo == mhi:
-                hist[mlo - hbase] += n
-            else:
-                ms = (tsi // np.uint64(1_000_000)).astype(np.int64)
-                ms -= hbase
-                hist[: need] += np.bincount(ms, minlength=need)[:need]
+            b, k = np.unique(ms, return_counts=True)
+            bins_parts.append(b)
+            cnt_parts.append(k.astype(np.int64))
         # per host row, run by run
         m = rhid >= 0
         if m.any():
@@ -816,8 +805,9 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
             hn = h.host_ns.astype(np.int64)
             in_win = in_win | (unm & (hn >= lo) & (hn <= hi))
         kept_hosts &= in_win
+    rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
     return Agg(count=count, first_ts=first, last_ts=last, flow_dev=flow_dev, flow_pos=flow_pos, sm_count=sm,
-               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, hist_base=hbase, hist=hist, kept=kept,
+               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals, kept=kept,
                kept_hosts=kept_hosts)
 
 
@@ -839,6 +829,23 @@ def _run_bases(hm: np.ndarray, rl: np.ndarray, count: np.ndarray) -> np.ndarray:
         cs -= np.repeat(cs[head], np.diff(np.append(head, len(s))))
         base[o] += cs
     return base
+
+
+def rate_steps(bins_parts: list, cnt_parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-chunk (ms bin, count) pairs into the change points of the events-per-ms step function, with the
+    drop back to 0 after each run of busy milliseconds (what a dense histogram's change points would give)."""
+    if not bins_parts:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    bins, inv = np.unique(np.concatenate(bins_parts), return_inverse=True)
+    counts = np.bincount(inv, weights=np.concatenate(cnt_parts)).astype(np.int64)
+    nxt = np.r_[bins[1:], bins[-1]]
+    gap = np.r_[nxt[:-1] != bins[:-1] + np.uint64(1), True] & (bins < np.uint64(2**64 - 1))
+    pts = np.concatenate([bins, bins[gap] + np.uint64(1)])
+    vals = np.concatenate([counts, np.zeros(int(gap.sum()), np.int64)])
+    o = np.argsort(pts, kind="stable")
+    pts, vals = pts[o], vals[o]
+    keep = np.r_[True, vals[1:] != vals[:-1]]
+    return pts[keep], vals[keep]
 
 
 def _add_counts(count: np.ndarray, hm: np.ndarray) -> None:

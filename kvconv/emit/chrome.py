@@ -26,6 +26,10 @@ def _j(s: str) -> bytes:
     return json.dumps(s, ensure_ascii=False).encode()
 
 
+def _ms_to_ns(ms: np.ndarray) -> np.ndarray:
+    return np.minimum(ms, np.uint64((2**64 - 1) // 1_000_000)) * np.uint64(1_000_000)
+
+
 class _Chrome:
     def __init__(self, pl: _Plan) -> None:
         self.pl = pl
@@ -145,12 +149,9 @@ class _Chrome:
     def counters(self) -> list:
         pl, c, agg = self.pl, self.c, self.pl.agg
         parts = []
-        hist = agg.hist
-        if len(hist):
-            ch = np.flatnonzero(np.concatenate([[True], hist[1:] != hist[:-1]]))
-            ts = np.append((np.uint64(agg.hist_base) + ch.astype(np.uint64)) * np.uint64(1_000_000),
-                           np.uint64(min((agg.hist_base + len(hist)) * 1_000_000, 2**64 - 1)))
-            vals = np.append(hist[ch], 0)
+        if len(agg.rate_ms):
+            ts = _ms_to_ns(agg.rate_ms)
+            vals = agg.rate_vals
             parts += t.render_parts([
                 t.lit(b',\n{"ph":"C","pid":%d,"ts":' % self.pid), t.ts_us(c.clock.to_host(ts)),
                 t.lit(',"name":"block events per ms","args":{"events":'), t.uint(vals), t.lit("}}")], len(ts))

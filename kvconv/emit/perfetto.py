@@ -418,13 +418,9 @@ class _Plan:
     def counter_packets(self) -> list:
         agg, u, c = self.agg, self.u, self.c
         parts = []
-        hist = agg.hist
-        if len(hist):
-            ch = np.flatnonzero(np.concatenate([[True], hist[1:] != hist[:-1]]))
-            ts = (np.uint64(agg.hist_base) + ch.astype(np.uint64)) * np.uint64(1_000_000)
-            vals = hist[ch].astype(np.uint64)
-            ts = np.concatenate([ts, [np.uint64(min((agg.hist_base + len(hist)) * 1_000_000, 2**64 - 1))]])
-            vals = np.concatenate([vals, [np.uint64(0)]])
+        if len(agg.rate_ms):
+            ts = np.minimum(agg.rate_ms, np.uint64((2**64 - 1) // 1_000_000)) * np.uint64(1_000_000)
+            vals = agg.rate_vals.astype(np.uint64)
             parts += self._counter(ts, vals, u.rate, self.dev_seq)
         if agg.t0 is not None:
             ts = np.array([agg.t0, agg.t1], np.uint64)
