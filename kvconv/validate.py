@@ -17,7 +17,6 @@ Exit codes: 0 valid, 1 findings at error level, 2 unreadable input.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,6 +192,19 @@ def _known(kernel_slots: set[int] | None) -> np.ndarray:
     return np.array(sorted(kernel_slots or ()), dtype=np.uint64)
 
 
+_pool = None
+
+
+def _POOL():
+    """One lazily started worker thread, shared by every validation in the process."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvconv-crc")
+    return _pool
+
+
 EV_CHUNK = 1 << 15  # 2 MiB of events: every check of a chunk runs while it is in cache
 
 
@@ -212,10 +224,11 @@ def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grid
     has_gid = np.uint8(layout.ENUMS["event_flags"]["has_gridid"])
     axes = (("block_x", "grid_x"), ("block_y", "grid_y"), ("block_z", "grid_z"))
     for g in d.groups_of("device_event"):
-        crc, in_order, back, first_back = 0, True, 0, None
+        # The checksum runs in a second thread while this one checks the records (zlib releases the GIL).
+        crc_job = _POOL().submit(g.crc_ok) if not g.lost_records else None
+        in_order, back, first_back = True, 0, None
         prev_seq = prev_t = None
         for base, ev in g.chunks(EV_CHUNK):
-            crc = zlib.crc32(ev.view(np.uint8).reshape(-1), crc)
             c.mask("error", "bad-enum", "event kind is not a known kind", g, ~kind_ok[ev["kind"]], "kind",
                    base, ev["kind"])
             flags = ev["flags"]
@@ -254,7 +267,7 @@ def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grid
                         if first_back is None:
                             first_back = base + int(bk[0]) + (0 if prev_seq is not None else 1)
                     prev_seq, prev_t = ev["sequence"][-1:], ev["globaltimer"][-1:]
-        if not g.lost_records and crc != int(g.header["payload_crc32"]):
+        if crc_job is not None and not crc_job.result():
             _crc_finding(c, g)
         if not len(g.records):
             continue
