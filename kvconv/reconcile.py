@@ -37,7 +37,7 @@ Record indices (``host_index``, ``device_index``, Finding.record) are indices in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -1067,7 +1067,6 @@ class _Context:
         ex = gr["_exec"]
         idx = gr["_idx"]
         sel = np.flatnonzero((self.m_kind == GRAPH_NODE) & (self.ev_exec == ex))
-        replays = gr["_replays"]
         live = idx[~self.h_dup[idx]]
         gr["expected_executions"] = int(len(live))
         gr["expected_blocks"] = int(self.h_exp_eff[live].sum())

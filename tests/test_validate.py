@@ -3,7 +3,6 @@
 import json
 
 import jsonschema
-import numpy as np
 import pytest
 
 import synth

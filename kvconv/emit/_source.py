@@ -13,6 +13,7 @@ tag, and their events come in runs of one launch's blocks.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import sys
@@ -519,6 +520,33 @@ class ExactJoin:
 def _safe(s: str) -> str:
     out = "".join(c if (c.isalnum() or c in "-_.") else "_" for c in s)
     return out or "run"
+
+
+@contextlib.contextmanager
+def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
+    """What every emitter does around its own writing: refuse to overwrite an input, open the dumps' contexts, show
+    a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
+
+    Yields ``(res, warn, paths, ctxs, bar)``; the caller writes, then sets ``res.bytes_written``."""
+    from ..atomic import check_not_input
+
+    res = EmitResult(output=str(out))
+    warn = warn or res.warnings.append
+    paths = [str(p) for p in paths]
+    check_not_input(out, paths)
+    dumps, ctxs = open_contexts(paths, options, warn, res.timings)
+    try:
+        total = sum(c.n_events for c in ctxs)
+        bar = Progress(options.progress, passes * total, name)
+        try:
+            yield res, warn, paths, ctxs, bar
+        finally:
+            bar.close()
+        res.contexts = len(ctxs)
+        res.device_events = total
+    finally:
+        for d in dumps:
+            d.close()
 
 
 def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None = None) -> tuple[list, list[Ctx]]:

@@ -322,9 +322,11 @@ def _fill_bytes(tmpl: bytearray, ops: list, n: int, idx) -> np.ndarray:
             _put_varint(mat, pos, _sel(ch.value, idx), L)
         elif ch.kind == "f64":
             mat[:, pos : pos + 8] = np.ascontiguousarray(_sel(ch.value, idx)).view(np.uint8).reshape(-1, 8)
-        else:
-            dst = np.ndarray((n, L), dtype=U64, buffer=buf, offset=pos + len(ch.tag), strides=(W, len(ch.tag) + 8))
-            dst[...] = _sel(ch.value, idx)[:, :L]
+        elif ch.kind == "rf64":  # repeated fixed64: the tags came with the template, the values are copied
+            vals = _sel(ch.value, idx)[:, :L]
+            for k in range(L):
+                at = pos + len(ch.tag) + k * (len(ch.tag) + 8)
+                mat[:, at : at + 8] = np.ascontiguousarray(vals[:, k], dtype=U64).view(np.uint8).reshape(-1, 8)
     return mat
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout
-from ._source import SLICE, EmitOptions, EmitResult, Progress, open_contexts
+from ._source import SLICE, EmitOptions, EmitResult, emit_run
 
 BLOCK = 8192  # rows per transpose block (8192 x 64 bytes stays in L2)
 MATCH_NP = [("context_id", "<u4"), ("device_index", "<i8"), ("host_kind", "<u2"), ("host_index", "<i8"),
@@ -127,30 +127,15 @@ class _Sink:
 
 def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write the tables of the dumps ``paths`` under the folder ``out`` (atomically: a temporary folder renamed)."""
-    from ..atomic import atomic_output, check_not_input
+    from ..atomic import atomic_output
 
     pa = _pa()
-    res = EmitResult(output=str(out))
-    warn = warn or res.warnings.append
-    paths = [str(p) for p in paths]
-    check_not_input(out, paths)
-    dumps, ctxs = open_contexts(paths, options, warn, res.timings)
     ext = "parquet" if options.arrow_format == "parquet" else "arrow"
-    try:
-        total = sum(c.n_events for c in ctxs)
-        bar = Progress(options.progress, total, "arrow")
-        try:
-            with atomic_output(out, inputs=paths, directory=True) as tmp:
-                for c in ctxs:
-                    _write_context(pa, c, Path(tmp), ext, options, bar, res)
-        finally:
-            bar.close()
-        res.contexts = len(ctxs)
-        res.device_events = total
-        res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
-    finally:
-        for d in dumps:
-            d.close()
+    with emit_run(paths, out, options, warn, "arrow", passes=1) as (res, warn, paths, ctxs, bar):
+        with atomic_output(out, inputs=paths, directory=True) as tmp:
+            for c in ctxs:
+                _write_context(pa, c, Path(tmp), ext, options, bar, res)
+    res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     return res
 
 

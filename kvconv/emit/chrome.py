@@ -14,8 +14,7 @@ import json
 import numpy as np
 
 from . import _text as t
-from ._source import (EAGER, GRAPH_NODE, SLICE, EmitOptions, EmitResult, Progress, first_pass, flow_id,
-                      open_contexts, out_size)
+from ._source import EAGER, GRAPH_NODE, SLICE, EmitOptions, EmitResult, emit_run, first_pass, flow_id, out_size
 from .perfetto import _Plan, _short
 
 EST_EVENT_BYTES = 130
@@ -147,7 +146,7 @@ class _Chrome:
         return parts
 
     def counters(self) -> list:
-        pl, c, agg = self.pl, self.c, self.pl.agg
+        c, agg = self.c, self.pl.agg
         parts = []
         if len(agg.rate_ms):
             ts = _ms_to_ns(agg.rate_ms)
@@ -213,58 +212,43 @@ class _Chrome:
 
 def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write a Chrome JSON trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
-    from ..atomic import atomic_output, check_not_input
+    from ..atomic import atomic_output
 
-    res = EmitResult(output=str(out))
-    warn = warn or res.warnings.append
-    paths = [str(p) for p in paths]
-    check_not_input(out, paths)
-    dumps, ctxs = open_contexts(paths, options, warn)
-    try:
-        total = sum(c.n_events for c in ctxs)
-        bar = Progress(options.progress, 2 * total, "chrome")
-        try:
-            aggs = [first_pass(c, options, bar) for c in ctxs]
-            est = sum(a.kept * EST_EVENT_BYTES + c.host.n * 200 for c, a in zip(ctxs, aggs))
-            if est > options.ui_limit_bytes:
-                warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
-                     f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
-                     "FIRST:LAST, or the Perfetto format")
-            plans = [_Chrome(_Plan(c, a, options)) for c, a in zip(ctxs, aggs)]
-            other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
-                     "dump's clock-sync pairs", "alignment": [_align(c) for c in ctxs]}
-            head = {"displayTimeUnit": "ns", "otherData": other}
-            # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
-            # the whole file back when it is closed, which the close then waits on
-            with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
-                f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
-                f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
-                for ch in plans:
-                    for b in ch.meta():
+    with emit_run(paths, out, options, warn, "chrome", passes=2) as (res, warn, paths, ctxs, bar):
+        aggs = [first_pass(c, options, bar) for c in ctxs]
+        est = sum(a.kept * EST_EVENT_BYTES + c.host.n * 200 for c, a in zip(ctxs, aggs))
+        if est > options.ui_limit_bytes:
+            warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
+                 f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
+                 "FIRST:LAST, or the Perfetto format")
+        plans = [_Chrome(_Plan(c, a, options)) for c, a in zip(ctxs, aggs)]
+        other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
+                 "dump's clock-sync pairs", "alignment": [_align(c) for c in ctxs]}
+        head = {"displayTimeUnit": "ns", "otherData": other}
+        # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
+        # the whole file back when it is closed, which the close then waits on
+        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
+            f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
+            f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
+            for ch in plans:
+                for b in ch.meta():
+                    f.write(b)
+            for ch in plans:
+                hp, nfl = ch.host()
+                res.flows += nfl
+                for b in hp + ch.slices() + ch.counters():
+                    f.write(b)
+                for first, recs in ch.c.chunks(options.chunk):
+                    parts, n = ch.device(first, recs)
+                    for b in parts:
                         f.write(b)
-                for ch in plans:
-                    hp, nfl = ch.host()
-                    res.flows += nfl
-                    for b in hp + ch.slices() + ch.counters():
-                        f.write(b)
-                    for first, recs in ch.c.chunks(options.chunk):
-                        parts, n = ch.device(first, recs)
-                        for b in parts:
-                            f.write(b)
-                        res.written_events += n
-                        bar(len(recs))
-                    res.host_records += len(ch.pl.host_rows)
-                    res.join.append(ch.c.join)
-                f.write(b"\n]}\n")
-            res.alignment = [_align(c) for c in ctxs]
-        finally:
-            bar.close()
-        res.contexts = len(ctxs)
-        res.device_events = total
-        res.bytes_written = out_size(out)
-    finally:
-        for d in dumps:
-            d.close()
+                    res.written_events += n
+                    bar(len(recs))
+                res.host_records += len(ch.pl.host_rows)
+                res.join.append(ch.c.join)
+            f.write(b"\n]}\n")
+        res.alignment = [_align(c) for c in ctxs]
+    res.bytes_written = out_size(out)
     return res
 
 

@@ -27,8 +27,8 @@ import heapq
 import numpy as np
 
 from . import _wire as w
-from ._source import (EAGER, GRAPH_NODE, SLICE, Ctx, EmitOptions, EmitResult, Progress, event_keep, first_pass, flow_id,
-                      open_contexts, out_size, unique_pairs)
+from ._source import (EAGER, GRAPH_NODE, SLICE, Ctx, EmitOptions, EmitResult, emit_run, event_keep, first_pass,
+                      flow_id, out_size, unique_pairs)
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
@@ -491,59 +491,42 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
     """Write a Perfetto trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
     from ..atomic import atomic_output
 
-    res = EmitResult(output=str(out))
-    warn = warn or res.warnings.append
-    paths = [str(p) for p in paths]
-    from ..atomic import check_not_input
-
-    check_not_input(out, paths)
-    dumps, ctxs = open_contexts(paths, options, warn)
-    try:
+    with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
         pb = _pb()
-        total = sum(c.n_events for c in ctxs)
-        bar = Progress(options.progress, 2 * total, "perfetto")
-        try:
-            aggs = [first_pass(c, options, bar) for c in ctxs]
-            est = estimate_bytes(ctxs, aggs, options)
-            if est > options.ui_limit_bytes:
-                warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
-                     f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
-                     "--replays FIRST:LAST, or open it with trace_processor --httpd")
-            plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
-            # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
-            # the whole file back when it is closed, which the close then waits on
-            with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
-                for pl in plans:
-                    for b in pl.descriptors(pb):
+        aggs = [first_pass(c, options, bar) for c in ctxs]
+        est = estimate_bytes(ctxs, aggs, options)
+        if est > options.ui_limit_bytes:
+            warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
+                 f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
+                 "--replays FIRST:LAST, or open it with trace_processor --httpd")
+        plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
+        # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
+        # the whole file back when it is closed, which the close then waits on
+        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
+            for pl in plans:
+                for b in pl.descriptors(pb):
+                    f.write(b)
+            for pl in plans:
+                c = pl.c
+                dev_clock = DEVICE_CLOCK if c.clock.n else HOST_CLOCK
+                f.write(pl.seq_start(pb, pl.dev_seq, pl.dev_names, DEV_ANN, dev_clock))
+                for b in pl.snapshots(pb):
+                    f.write(b)
+                f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
+                hp, nfl = pl.host_packets()
+                for b in hp + pl.canary_packets(pb) + pl.slice_packets() + pl.counter_packets():
+                    f.write(b)
+                res.flows += nfl
+                for first, recs in c.chunks(options.chunk):
+                    parts, n, _ = pl.device_packets(first, recs)
+                    for b in parts:
                         f.write(b)
-                for pl in plans:
-                    c = pl.c
-                    dev_clock = DEVICE_CLOCK if c.clock.n else HOST_CLOCK
-                    f.write(pl.seq_start(pb, pl.dev_seq, pl.dev_names, DEV_ANN, dev_clock))
-                    for b in pl.snapshots(pb):
-                        f.write(b)
-                    f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
-                    hp, nfl = pl.host_packets()
-                    for b in hp + pl.canary_packets(pb) + pl.slice_packets() + pl.counter_packets():
-                        f.write(b)
-                    res.flows += nfl
-                    for first, recs in c.chunks(options.chunk):
-                        parts, n, _ = pl.device_packets(first, recs)
-                        for b in parts:
-                            f.write(b)
-                        res.written_events += n
-                        bar(len(recs))
-                    res.host_records += len(pl.host_rows)
-                    res.alignment.append(_align(c))
-                    res.join.append(c.join)
-        finally:
-            bar.close()
-        res.contexts = len(ctxs)
-        res.device_events = total
-        res.bytes_written = out_size(out)
-    finally:
-        for d in dumps:
-            d.close()
+                    res.written_events += n
+                    bar(len(recs))
+                res.host_records += len(pl.host_rows)
+                res.alignment.append(_align(c))
+                res.join.append(c.join)
+    res.bytes_written = out_size(out)
     return res
 
 
