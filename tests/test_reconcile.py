@@ -282,7 +282,6 @@ def test_report_matches_schema(tmp_path, name):
 
 # --- the Qwen3-14B fixture -----------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not QWEN.exists(), reason="Qwen3-14B fixture not generated")
 def test_qwen_fixture():
     r = run(QWEN)
     _validator().validate(json.loads(json.dumps(r.to_dict())))
