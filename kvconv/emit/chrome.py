@@ -163,14 +163,7 @@ class _Chrome:
         return parts
 
     def device(self, first: int, recs: np.ndarray) -> tuple[list, int]:
-        pl = self.pl
-        keep = pl.keep(first, recs)
-        hasm = pl.flow_mask(first, len(recs))
-        dev_index = None
-        if keep is not None:
-            idx = np.flatnonzero(keep)
-            recs, dev_index = recs[idx], first + idx
-            hasm = hasm[idx] if hasm is not None else None
+        recs, dev_index, hasm = self.pl.kept(first, recs)
         n = len(recs)
         if not n:
             return [], 0

@@ -331,6 +331,18 @@ class _Plan:
         hid = self.c.match(first, recs) if opt.replays is not None else None
         return event_keep(self.c, recs, hid, opt, self.agg.t0)
 
+    def kept(self, first: int, recs: np.ndarray):
+        """The events of a chunk that pass the filters: ``(recs, dev_index, flow_mask)``.
+
+        ``dev_index`` is None when every event is kept (indices are then ``first + arange``); ``flow_mask`` marks the
+        kept events that end a flow (None: none)."""
+        keep = self.keep(first, recs)
+        has = self.flow_mask(first, len(recs))
+        if keep is None:
+            return recs, None, has
+        idx = np.flatnonzero(keep)
+        return recs[idx], first + idx, (has[idx] if has is not None else None)
+
     def flow_mask(self, first: int, n: int):
         """Which events of the chunk ``first .. first+n`` end a flow (None: none)."""
         if not self.opt.flows or not self.agg.flow_pos:
@@ -443,13 +455,7 @@ class _Plan:
 
         The chunk is encoded in cache-sized slices; the slices' layout groups are merged back into the order one
         encoding of the whole chunk gives (see :func:`_wire.encode_groups`)."""
-        keep = self.keep(first, recs)
-        has = self.flow_mask(first, len(recs))
-        dev_index = None
-        if keep is not None:
-            idx = np.flatnonzero(keep)
-            recs, dev_index = recs[idx], first + idx
-            has = has[idx] if has is not None else None
+        recs, dev_index, has = self.kept(first, recs)
         n = len(recs)
         if not n:
             return [], 0, 0
