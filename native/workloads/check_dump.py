@@ -50,7 +50,6 @@ def check(path: str) -> dict:
                 replays[(int(r["graph_exec"]), int(r["launch_id"]))].append(int(r["node"]))
             node_orders = {tuple(v) for v in replays.values()}
             seq = ev["sequence"]
-            t = ev["globaltimer"]
             entry = {
                 "context_id": ctx, "device_id": dev,
                 "device_events": int(len(ev)),

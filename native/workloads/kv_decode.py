@@ -182,6 +182,25 @@ def written_rows(model) -> list[int]:
     return out
 
 
+def timed_replays(graph, slot, tok, args, gen) -> list[float]:
+    """Replay the decode graph ``args.replays`` times, refreshing its static inputs first as vLLM does (the next
+    cache slot, a new token row); returns each replay's GPU time in ms (CUDA events)."""
+    import torch
+
+    step_ms = []
+    for r in range(args.replays):
+        slot.fill_(args.prefill + r)
+        tok.copy_(torch.randn(tok.shape, device=tok.device, dtype=tok.dtype, generator=gen))
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        step_ms.append(e0.elapsed_time(e1))
+    torch.cuda.synchronize()
+    return step_ms
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=40)
@@ -216,23 +235,12 @@ def main(argv=None) -> int:
     # decode graph: static buffers, captured once, replayed with fresh inputs
     tok = torch.randn(1, H, device=dev, dtype=torch.bfloat16, generator=gen)
     slot = torch.full((1,), -1, device=dev, dtype=torch.int64)
-    streams = [torch.cuda.current_stream()]
     graph = torch.cuda.CUDAGraph()
     extra = [torch.cuda.Stream() for _ in range(args.streams)] if args.streams > 1 else None
     with torch.cuda.graph(graph):
         out = model.forward(tok, slot, streams=extra)
     torch.cuda.synchronize()
-    step_ms = []
-    for r in range(args.replays):
-        slot.fill_(args.prefill + r)
-        tok.copy_(torch.randn(1, H, device=dev, dtype=torch.bfloat16, generator=gen))
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        step_ms.append(e0.elapsed_time(e1))
-    torch.cuda.synchronize()
+    step_ms = timed_replays(graph, slot, tok, args, gen)
     rows = written_rows(model)
     expect_rows = args.prefill + args.replays
     ok = all(r == expect_rows for r in rows) and bool(torch.isfinite(out.float()).all())

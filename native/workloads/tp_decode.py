@@ -31,7 +31,7 @@ import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kv_decode import KV_SRC, KvKernel, Model, written_rows  # noqa: E402
+from kv_decode import KV_SRC, KvKernel, Model, timed_replays, written_rows  # noqa: E402
 
 
 class TpModel(Model):
@@ -109,17 +109,7 @@ def main(argv=None) -> int:
         captured_all_reduces = model.all_reduces - eager_all_reduces
 
         stage = "replay"
-        step_ms = []
-        for r in range(args.replays):
-            slot.fill_(args.prefill + r)
-            tok.copy_(torch.randn(1, H, device=dev, dtype=torch.bfloat16, generator=gen))
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            graph.replay()
-            e1.record()
-            e1.synchronize()
-            step_ms.append(e0.elapsed_time(e1))
-        torch.cuda.synchronize()
+        step_ms = timed_replays(graph, slot, tok, args, gen)
 
         stage = "check"
         rows = written_rows(model)
