@@ -179,17 +179,10 @@ def register_demo(app: typer.Typer) -> None:
             raise UsageError("the embedded fixture is not here (kvconv demo runs from a source checkout)",
                              path=str(fixture), hint="clone the repository and pip install -e .")
         out.mkdir(parents=True, exist_ok=True)
-        names = set(cli.app.registered_commands and [c.name or c.callback.__name__ for c in
-                                                      cli.app.registered_commands])
-        steps = [["info", str(fixture)], ["validate", str(fixture)]]
-        if "reconcile" in names:
-            steps.append(["reconcile", str(fixture)])
-        if "perfetto" in names:
-            steps.append(["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace")])
-        if "chrome" in names:
-            steps.append(["chrome", str(fixture), "-o", str(out / "qwen3-14b.json")])
-        if "arrow" in names:
-            steps.append(["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"])
+        steps = [["info", str(fixture)], ["validate", str(fixture)], ["reconcile", str(fixture)],
+                 ["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace")],
+                 ["chrome", str(fixture), "-o", str(out / "qwen3-14b.json")],
+                 ["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"]]
         worst = 0
         for step in steps:
             sys.stdout.write(f"\n$ kvconv {' '.join(step)}\n")

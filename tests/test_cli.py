@@ -55,3 +55,14 @@ def test_info_shows_published_counts():
 def test_folder_given_as_dump():
     r = run_cli("validate", FIXTURES)
     assert r.returncode == 2 and r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1
+
+
+def test_demo_runs_the_whole_chain(tmp_path):
+    r = run_cli("demo", "-o", tmp_path / "demo")
+    assert r.returncode == 0, r.stderr
+    for step in ("info", "validate", "reconcile", "perfetto", "chrome", "arrow"):
+        assert f"$ kvconv {step} " in r.stdout
+    assert "280 graph-node records = 280 expected executions = 280 device events, 0 drops" in r.stdout
+    assert (tmp_path / "demo" / "qwen3-14b.pftrace").stat().st_size > 0
+    assert (tmp_path / "demo" / "qwen3-14b.json").stat().st_size > 0
+    assert list((tmp_path / "demo" / "qwen3-14b-parquet").rglob("*.parquet"))
