@@ -14,6 +14,7 @@ Outputs never replace one of the inputs (checked by inode, so links and ``./`` s
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -21,6 +22,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import OutputError
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def check_not_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
@@ -90,10 +93,15 @@ def atomic_output(
         else:
             os.chmod(tmp, 0o644)
             os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         if directory:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+            # a full disk or a size limit met while writing: the output's problem, said as one line
+            raise OutputError(f"cannot write output: {os.strerror(e.errno)}", path=str(target),
+                              hint="free space on its filesystem or choose another -o path",
+                              code="output-write-failed") from None
         raise

@@ -439,3 +439,73 @@ def test_synthetic_large_dump_multi_group(tmp_path):
     assert len(json.loads((tmp_path / "b.json").read_text())["traceEvents"]) > r2.written_events
     r3 = write_arrow([p], tmp_path / "b", options=EmitOptions(chunk=1000))
     assert r3.written_events == 1 << 14
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_arrow_device_table_across_many_batches(tmp_path, fmt):
+    """Small chunks: many batches through the two alternating column sets; every column reads back equal."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.dataset as ds
+
+    p = tmp_path / "big.kvdump"
+    synth.write_large(p, events=20_000, host=512)
+    out = tmp_path / "t"
+    res = write_arrow([p], out, options=EmitOptions(chunk=1_234, arrow_format=fmt))
+    assert res.written_events == 20_000
+    t = ds.dataset(out / "device_event", format="ipc" if fmt == "arrow" else "parquet").to_table()
+    if fmt == "arrow":
+        f = next((out / "device_event").rglob("*.arrow"))
+        assert pa.ipc.open_file(f).num_record_batches == -(-20_000 // 1_234)
+    with dump.open(p) as d:
+        ev = d.records("device_event")
+        for name in ev.dtype.names:
+            assert np.array_equal(t[name].to_numpy(), ev[name]), name
+        assert res.host_records == len(d.records("graph_node")) + len(d.records("eager_launch")) >= 512
+        hl = d.records("graph_node")
+        gn = ds.dataset(out / "graph_node", format="ipc" if fmt == "arrow" else "parquet").to_table()
+        for name in hl.dtype.names:
+            assert np.array_equal(gn[name].to_numpy(), hl[name]), name
+    assert (t["context_id"].to_numpy() == 0).all()
+
+
+def test_background_writer_order_limit_and_errors():
+    import errno
+    import io
+    import threading
+
+    from kvconv.emit._source import BackgroundWriter
+
+    f = io.BytesIO()
+    with BackgroundWriter(f, limit=10) as w:
+        for i in range(200):
+            w.write(np.full(7, i, np.uint8))
+            assert w.waiting <= 10 + 7  # at most the limit waits, plus the buffer that crossed it
+    assert f.getvalue() == b"".join(bytes([i]) * 7 for i in range(200))
+
+    class Full(io.RawIOBase):
+        def __init__(self):
+            self.n = 0
+            self.seen_thread = None
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.seen_thread = threading.current_thread().name
+            self.n += len(b)
+            if self.n > 50:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(b)
+
+    full = Full()
+    with pytest.raises(OSError) as e:
+        with BackgroundWriter(full, limit=1) as w:
+            for _ in range(100):
+                w.write(b"x" * 20)
+    assert e.value.errno == errno.ENOSPC and full.seen_thread == "kvconv-writer"
+    # the caller's own error wins; the thread still ends
+    with pytest.raises(KeyError):
+        with BackgroundWriter(io.BytesIO()) as w:
+            w.write(b"abc")
+            raise KeyError("x")
+    assert not w.thread.is_alive()

@@ -184,3 +184,32 @@ def test_reports_are_deterministic(args):
     r1, r2 = run_cli(*args, src), run_cli(*args, src)
     assert r1.returncode == r2.returncode and r1.returncode in (0, 1)
     assert r1.stdout == r2.stdout and r1.stdout
+
+
+@pytest.mark.parametrize("emitter", sorted(EMITTERS))
+def test_emitter_on_a_full_disk_says_so_and_leaves_nothing(emitter, tmp_path):
+    """A write that fails (here a 1 MiB file-size limit: EFBIG, as ENOSPC would on a full disk) is one line naming
+    the output, exit 1, and no partial output or temporary left behind."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    src = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
+    out = tmp_path / EMITTERS[emitter]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("KVCONV_DEBUG", None)
+    before = hashlib.sha256(src.read_bytes()).hexdigest()
+    p = subprocess.run([sys.executable, "-m", "kvconv", emitter, str(src), "-o", str(out), "-q"], env=env,
+                       capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert p.returncode == 1, p
+    assert p.stderr == f"Error: {out}: cannot write output: File too large (free space on its filesystem or choose " \
+                       "another -o path)\n"
+    assert os.listdir(tmp_path) == []
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == before

@@ -289,6 +289,7 @@ class Ctx:
     xjoin: "ExactJoin | None" = None  # the vectorised exact join (when reconcile's report is not needed)
     _runs: dict | None = None  # first index -> (events, run starts, host row per run), from the join probe
     _matched: int = 0
+    verified: bool = False  # a whole pass has checked every device-event group's checksum
 
     @property
     def release(self) -> bool:
@@ -301,7 +302,10 @@ class Ctx:
 
     def chunks(self, size: int, *, verify: bool = False, sub: int | None = None):
         """Yield ``(first_index, records)`` over all device events of the context, in bounded slices (of ``sub``
-        events, when given: small enough for the records and their temporaries to stay in cache)."""
+        events, when given: small enough for the records and their temporaries to stay in cache). ``verify``:
+        check each group's payload checksum, once: the first pass that runs to the end does it (beside the
+        caller's work, on another core), later passes trust it."""
+        verify = verify and not self.verified
         base = 0
         mm = getattr(self.dump, "_mm", None)
         pool = _crc_pool() if verify else None
@@ -330,6 +334,7 @@ class Ctx:
                                   group=g.index, offset=g.payload_offset, field="header.payload_crc32",
                                   code="payload-checksum", hint="the records are damaged; kvconv validate says more")
             base += len(g.records)
+        self.verified = self.verified or verify
 
     def match_runs(self, first: int, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The join of a chunk as runs: ``(starts, host row of each run)`` (-1: unmatched). Device events come in
@@ -351,6 +356,86 @@ class Ctx:
             return self.hid[first : first + len(recs)]
         starts, rhid = self.match_runs(first, recs)
         return expand_runs(starts, rhid, len(recs))
+
+
+class BackgroundWriter:
+    """``f.write`` in a second thread, so that encoding the next buffers overlaps writing these (numpy and the
+    write both release the GIL). At most ``limit`` bytes wait, so memory stays bounded. The buffers handed over
+    must not change afterwards. A write error is raised in the caller's thread, at its next write or at close.
+
+        >>> import io
+        >>> f = io.BytesIO()
+        >>> with BackgroundWriter(f) as w:
+        ...     w.write(b"a"); w.write(b"b")
+        >>> f.getvalue()
+        b'ab'
+    """
+
+    def __init__(self, f, limit: int = 32 << 20) -> None:
+        import collections
+        import threading
+
+        self.f, self.limit = f, limit
+        self.queue: collections.deque = collections.deque()
+        self.waiting = 0  # bytes queued or being written
+        self.error: BaseException | None = None
+        self.closing = False
+        self.cv = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="kvconv-writer", daemon=True)
+        self.thread.start()
+
+    def write(self, b) -> None:
+        n = memoryview(b).nbytes
+        with self.cv:
+            while self.waiting > self.limit and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise self.error
+            self.queue.append((b, n))
+            self.waiting += n
+            self.cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.queue and not self.closing:
+                    self.cv.wait()
+                if not self.queue:
+                    return
+                b, n = self.queue.popleft()
+            try:
+                self.f.write(b)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                with self.cv:
+                    self.error = e
+                    self.queue.clear()
+                    self.cv.notify_all()
+                return
+            with self.cv:
+                self.waiting -= n
+                self.cv.notify_all()
+
+    def close(self) -> None:
+        """Wait until everything is written; raise the write error, if any."""
+        with self.cv:
+            self.closing = True
+            self.cv.notify_all()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> "BackgroundWriter":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            self.close()
+            return
+        with self.cv:  # the caller failed: drop what waits, let the thread end
+            self.queue.clear()
+            self.closing = True
+            self.cv.notify_all()
+        self.thread.join()
 
 
 _POOL = None
@@ -668,7 +753,7 @@ def _probe(c: Ctx, options: EmitOptions) -> bool:
         return False
     kept = 0
     any_gid = False
-    for first, recs in c.chunks(options.chunk, sub=SLICE):
+    for first, recs in c.chunks(options.chunk, sub=SLICE, verify=options.verify_checksums):
         starts = _event_runs(recs)
         hg, ht, hf, hk = _heads(recs, starts)
         rhid = c.xjoin.lookup(hg, ht, hf, hk)

@@ -14,7 +14,8 @@ import json
 import numpy as np
 
 from . import _text as t
-from ._source import EAGER, GRAPH_NODE, SLICE, EmitOptions, EmitResult, emit_run, first_pass, flow_id, out_size
+from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id,
+                      out_size)
 from .perfetto import _Plan, _short
 
 EST_EVENT_BYTES = 130
@@ -162,17 +163,17 @@ class _Chrome:
                 t.uint(np.array([0, c.device_drops])), t.lit("}}")], 2)
         return parts
 
-    def device(self, first: int, recs: np.ndarray) -> tuple[list, int]:
+    def device(self, first: int, recs: np.ndarray, write) -> int:
+        """Write the lines of one chunk's device events with ``write``, slice by slice (slices whose records and
+        temporaries stay in cache; only one slice's lines are held); returns the events written."""
         recs, dev_index, hasm = self.pl.kept(first, recs)
         n = len(recs)
-        if not n:
-            return [], 0
-        parts = []
-        for s in range(0, n, LINES):  # slices whose records and temporaries stay in cache
+        for s in range(0, n, LINES):
             e = min(n, s + LINES)
             di = (first + np.arange(s, e)) if dev_index is None else dev_index[s:e]
-            parts += self._device_slice(recs[s:e], di, hasm[s:e] if hasm is not None else None)
-        return parts, n
+            for b in self._device_slice(recs[s:e], di, hasm[s:e] if hasm is not None else None):
+                write(b)
+        return n
 
     def _device_slice(self, recs: np.ndarray, di: np.ndarray, hasm) -> list:
         pl, c = self.pl, self.c
@@ -220,7 +221,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
         head = {"displayTimeUnit": "ns", "otherData": other}
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
-        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
+        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as raw, BackgroundWriter(raw) as f:
             f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
             f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
             for ch in plans:
@@ -232,10 +233,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                 for b in hp + ch.slices() + ch.counters():
                     f.write(b)
                 for first, recs in ch.c.chunks(options.chunk):
-                    parts, n = ch.device(first, recs)
-                    for b in parts:
-                        f.write(b)
-                    res.written_events += n
+                    res.written_events += ch.device(first, recs, f.write)
                     bar(len(recs))
                 res.host_records += len(ch.pl.host_rows)
                 res.join.append(ch.c.join)

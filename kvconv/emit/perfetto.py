@@ -27,8 +27,8 @@ import heapq
 import numpy as np
 
 from . import _wire as w
-from ._source import (EAGER, GRAPH_NODE, SLICE, Ctx, EmitOptions, EmitResult, emit_run, event_keep, first_pass,
-                      flow_id, out_size, unique_pairs)
+from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
+                      first_pass, flow_id, out_size, unique_pairs)
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
@@ -508,7 +508,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
-        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as f:
+        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as raw, BackgroundWriter(raw) as f:
             for pl in plans:
                 for b in pl.descriptors(pb):
                     f.write(b)
