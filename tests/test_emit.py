@@ -509,3 +509,47 @@ def test_background_writer_order_limit_and_errors():
             w.write(b"abc")
             raise KeyError("x")
     assert not w.thread.is_alive()
+
+
+def test_many_overlapping_lanes_get_their_own_tracks(tmp_path):
+    """70 overlapping replays and 700 overlapping node executions of one graph exec: every lane its own track
+    under the exec's group, none shared, and no track with overlapping slices (Perfetto and Chrome)."""
+    spec = importlib.util.spec_from_file_location("synth_rec", FIXTURES / "synthetic-reconcile" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    parts = gen.build(eager=1, eager_blocks=1, nodes=10, replays=70, node_blocks=2)
+    e = parts["events"]
+    node = np.flatnonzero(e["kernel_slot"] == gen.SLOT_NODE)
+    # every node execution spans [its own start, one common end]: all of them overlap, and so do the replays
+    e["globaltimer"][node] = np.where(e["block_x"][node] == 0, gen.GPU0 + node, gen.GPU0 + 10**9)
+    p = tmp_path / "lanes.kvdump"
+    gen.write(p, parts)
+    write_perfetto([p], tmp_path / "t.pftrace")
+    tr = _trace(tmp_path / "t.pftrace")
+    desc = [x.track_descriptor for x in tr.packet if x.HasField("track_descriptor")]
+    uuids = [d.uuid for d in desc]
+    assert len(uuids) == len(set(uuids))
+    by = {d.uuid: d for d in desc}
+    group = next(d.uuid for d in desc if d.name.startswith("graph exec"))
+    replays = [d for d in desc if d.name.startswith("replays")]
+    nodes = [d for d in desc if d.name.startswith("nodes")]
+    assert len(replays) == 70 and len(nodes) == 700
+    assert all(d.parent_uuid == group for d in replays + nodes)
+    spans: dict = defaultdict(list)
+    for x in tr.packet:
+        te = x.track_event
+        if x.HasField("track_event") and te.type in (1, 2) and by.get(te.track_uuid) in replays + nodes:
+            spans[te.track_uuid].append((x.timestamp, 0 if te.type == 2 else 1))
+    assert sum(len(v) for v in spans.values()) == 2 * (70 + 700)
+    for v in spans.values():  # ends sort before begins at one timestamp: at most one open slice per track
+        depth = 0
+        for _, kind in sorted(v):
+            depth += 1 if kind else -1
+            assert depth in (0, 1)
+    write_chrome([p], tmp_path / "t.json")
+    names: dict = defaultdict(set)
+    for ev in json.loads((tmp_path / "t.json").read_text())["traceEvents"]:
+        if ev["ph"] == "M" and ev["name"] == "thread_name":
+            names[(ev["pid"], ev["tid"])].add(ev["args"]["name"])
+    assert all(len(v) == 1 for v in names.values())
+    assert sum(1 for v in names.values() if " · nodes" in next(iter(v))) == 700

@@ -127,7 +127,7 @@ class _Chrome:
         if len(rows):
             st = agg.first_ts[rows]
             dur = agg.last_ts[rows] - st
-            tid = self.tid(u.exec_nodes(0, 0)) + pl.node_exec * 256 + pl.node_lane
+            tid = self.tid(u.exec_nodes(pl.node_exec, pl.node_lane))
             inv = {v: k for k, v in pl.dev_names.iid.items()}
             nm_arr, nid = np.unique(pl.node_name_iid, return_inverse=True)
             nm = nm_arr.tolist()

@@ -26,6 +26,7 @@ import heapq
 
 import numpy as np
 
+from ..errors import OutputError
 from . import _wire as w
 from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
                       first_pass, flow_id, out_size, unique_pairs)
@@ -35,7 +36,6 @@ HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
 SEQ_CLEARED, SEQ_NEEDS = 1, 2
 T_BEGIN, T_END, T_INSTANT, T_COUNTER = 1, 2, 3, 4
 META_SEQ = 1
-MAX_LANES = 64
 DEV_ANN = ("block_x", "replay", "blocks")
 HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
 EST_EVENT_BYTES = 40
@@ -69,16 +69,31 @@ class _Uuids:
         return self.base + 0x10000 + smid
 
     def exec_group(self, j: int) -> int:
-        return self.base + 0x20000 + j * 256
+        return self.base + 0x20000 + 2 * j
 
     def exec_host(self, j: int) -> int:
         return self.exec_group(j) + 1
 
-    def exec_replays(self, j: int, lane: int) -> int:
-        return self.exec_group(j) + 2 + lane
+    def place_lanes(self, replay_lanes: list[int], node_lanes: list[int]) -> None:
+        """Give each graph exec's replay and node lanes their uuids, after every exec's group and host track (as
+        many lanes as overlapping slices need, none shared with another exec)."""
+        n = len(replay_lanes)
+        sizes = np.array([x for pair in zip(replay_lanes, node_lanes) for x in pair], np.int64)
+        starts = self.exec_group(n) + np.concatenate([[0], np.cumsum(sizes)[:-1]]) if n else np.zeros(0, np.int64)
+        self.replay0 = starts[0::2].astype(np.uint64)
+        self.node0 = starts[1::2].astype(np.uint64)
+        if n and int(starts[-1] + sizes[-1]) >= self.base + (1 << 24):
+            raise OutputError(f"context {self.base >> 24}: too many tracks ({int(sizes.sum()):,} lanes)",
+                              hint="narrow the trace with --window or --replays", code="too-many-tracks")
 
-    def exec_nodes(self, j: int, lane: int) -> int:
-        return self.exec_group(j) + 2 + MAX_LANES + lane
+    def exec_replays(self, j: int, lane: int) -> int:
+        return int(self.replay0[j]) + lane
+
+    def exec_nodes(self, j, lane):
+        """The node lane's uuid (vectorised over ``j`` and ``lane`` arrays)."""
+        if np.isscalar(j):
+            return int(self.node0[j]) + int(lane)
+        return self.node0[j] + np.asarray(lane).astype(np.uint64)
 
 
 def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -200,6 +215,8 @@ class _Plan:
                 ln = _lanes(np.array([self.replays[i][2] for i in sel]), np.array([self.replays[i][3] for i in sel]))
                 self.replay_lane[sel] = ln
                 self.replay_lanes[j] = int(ln.max()) + 1
+        self.u.place_lanes([self.replay_lanes.get(j, 0) for j in range(len(self.execs))],
+                           [self.node_lanes[j] for j in range(len(self.execs))])
         self.node_name_iid = np.zeros(len(rows), np.uint64)
         if len(rows):
             po, ps = h.node_ordinal[rows].astype(np.int64), h.kernel_slot[rows].astype(np.int64)
@@ -398,7 +415,7 @@ class _Plan:
         h = self.c.host
         if len(rows):
             st, en = agg.first_ts[rows].astype(np.uint64), agg.last_ts[rows].astype(np.uint64)
-            track = (np.uint64(u.exec_nodes(0, 0)) + (self.node_exec * 256 + self.node_lane).astype(np.uint64))
+            track = u.exec_nodes(self.node_exec, self.node_lane)
             inst = st == en
             parts += self._slices(st, en, track, self.node_name_iid, inst,
                                   [(2, h.launch_id[rows].astype(np.uint64)), (3, agg.count[rows].astype(np.uint64))])
