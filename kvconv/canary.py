@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import layout
+from .errors import KvconvError
 from .findings import Finding
 
 FLAGS = layout.ENUMS["canary_flags"]
@@ -119,6 +120,19 @@ def _check_context(d, ctx: int, res: CanaryResult, options: CanaryOptions) -> No
     groups = d.groups_of("canary", context_id=ctx)
     if not groups:
         return
+    try:
+        outcome = d.metadata(context_id=ctx).get("outcome")
+    except KvconvError:
+        outcome = None  # unreadable metadata is kvconv validate's to report
+    if isinstance(outcome, dict) and outcome.get("ended_by") == "exception":
+        after = outcome.get("last_step")
+        mg = d.groups_of("metadata", context_id=ctx)
+        res.findings.append(Finding(
+            "warning", "canary-ended-by-exception",
+            f"the recording ended by an exception ({outcome.get('exception', 'unknown')}) "
+            + (f"after step {after}" if after is not None else "before any step was recorded")
+            + "; later steps were not checked", path=d.path, group=mg[0].index if mg else None,
+            offset=mg[0].payload_offset if mg else None, field="metadata.outcome"))
     pages = d.records("canary_pages", context_id=ctx)
     pages = pages["page"] if len(pages) else np.zeros(0, dtype="<u4")
     npages_total = len(pages)

@@ -90,8 +90,31 @@ def test_recorder_sorts_and_dedups_and_refuses_bad_pages(tmp_path):
         meta = d.metadata()
     assert meta["tool"] == "kvconv.probe"
     with pytest.raises(ValueError):
-        write(tmp_path / "n.kvdump", [dict(step=0, expected=[-1], changed=[])])
-    assert not (tmp_path / "n.kvdump").exists()
+        write(tmp_path / "n.kvdump", [dict(step=0, expected=[1], changed=[]), dict(step=1, expected=[2], changed=[-1])])
+    with dump.open(tmp_path / "n.kvdump") as d:  # the step before the refused one is kept, and no part of it
+        assert d.records("canary")["step"].tolist() == [0] and d.records("canary_pages")["page"].tolist() == [1]
+        assert d.metadata()["outcome"]["exception"] == "ValueError: canary pages must lie in 0..2**32-1"
+
+
+def test_an_exception_in_the_run_keeps_the_steps_before_it(tmp_path):
+    """A CUDA error in step 3 (raised by torch as RuntimeError): steps 0-2 are written, kvconv canary says how the
+    recording ended, and the exception still reaches the caller."""
+    p = tmp_path / "crash.kvdump"
+    with pytest.raises(RuntimeError, match="misaligned"):
+        with CanaryRecorder(p) as rec:
+            for step in range(3):
+                rec.add(**GEOM, step=step, buffer_id=0, name="L0.index_k", expected=[3], changed=[3])
+            raise RuntimeError("CUDA error: misaligned address")
+    res = check(p)
+    assert res.records == 3 and codes(res) == ["canary-ended-by-exception"]
+    r = run_cli("canary", p)
+    assert r.returncode == 0, r
+    assert "ended by an exception (RuntimeError: CUDA error: misaligned address) after step 2" in r.stdout + r.stderr
+    e = tmp_path / "early.kvdump"
+    with pytest.raises(KeyError):
+        with CanaryRecorder(e):
+            raise KeyError("x")
+    assert "before any step was recorded" in check(e).findings[0].message
 
 
 def test_recorder_needs_an_existing_folder(tmp_path):

@@ -13,7 +13,9 @@ them through :func:`kvconv.dump.new` (metadata, strings, canary, canary_pages gr
     (['metadata', 'strings', 'canary', 'canary_pages'], [1, 2, 1, 2, 0])
 
 Page sets are stored sorted and unique (the recorder sorts what it is given). Nothing appears at ``path`` until
-:meth:`CanaryRecorder.close`; an exception inside ``with`` leaves no file.
+:meth:`CanaryRecorder.close`. An exception inside ``with`` (a CUDA error in the traced step, say) still writes the
+records made before it, with the run metadata's ``outcome`` saying how the run ended, which ``kvconv canary``
+reports; then the exception goes on. A process killed outright leaves no file.
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ class CanaryRecorder:
     def __exit__(self, et, ev, tb) -> None:
         if et is None:
             self.close()
-        else:
+            return
+        text = f"{et.__name__}: {ev}"
+        last = int(self._records[-1]["step"][0]) if self._records else None
+        self.metadata["outcome"] = {"ended_by": "exception", "exception": text[:1000], "last_step": last}
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the caller's exception is the one to see
             self._closed = True
 
     def __len__(self) -> int:
@@ -86,8 +94,9 @@ class CanaryRecorder:
         r["page_size"] = page_size
         r["compression"] = compression
         r["flags"] = SNAPSHOT_FLAGS[snapshot]
-        for lst, pages in (("expected", expected), ("changed", changed), ("excluded", excluded)):
-            a = _pages(pages)
+        lists = [(lst, _pages(pages)) for lst, pages in (("expected", expected), ("changed", changed),
+                                                          ("excluded", excluded))]  # all checked before any is kept
+        for lst, a in lists:
             r[f"{lst}_first"] = self._npages
             r[f"{lst}_count"] = len(a)
             self._pages.append(a)
