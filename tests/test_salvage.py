@@ -80,7 +80,10 @@ def test_library_reads_up_to_the_last_whole_record(cut):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         d = dump.open(dst, options=dump.ReadOptions(salvage=True))
-    with d, dump.open(src, options=dump.ReadOptions(verify_checksums=False)) as orig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the original's own warnings (future-minor says newer-minor) were seen above
+        orig = dump.open(src, options=dump.ReadOptions(verify_checksums=False))
+    with d, orig:
         assert any("salvaged" in str(x.message) and f"lost {lost}" in str(x.message) for x in w), \
             [str(x.message) for x in w]
         assert len(d.groups) == k + 1  # the groups before the cut, whole, and the cut one
