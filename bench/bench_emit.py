@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from _timing import best, timed  # noqa: E402
 from kvconv import dump  # noqa: E402
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto  # noqa: E402
 
@@ -44,23 +45,6 @@ def _out() -> Path:
     p = ROOT / "bench" / "out"  # git-ignored
     p.mkdir(parents=True, exist_ok=True)
     return p
-
-
-def timed(f, *a, **k):
-    t = time.perf_counter()
-    r = f(*a, **k)
-    return time.perf_counter() - t, r
-
-
-def best(reps, f, *a, before=None, **k):
-    """Best of ``reps`` runs: (best seconds, worst seconds, last result). ``before`` runs untimed before each run."""
-    ts, r = [], None
-    for _ in range(reps):
-        if before is not None:
-            before()
-        t, r = timed(f, *a, **k)
-        ts.append(t)
-    return min(ts), max(ts), r
 
 
 def rm(path: Path) -> None:

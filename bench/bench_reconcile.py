@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _timing import best  # noqa: E402
 from kvconv import dump, reconcile  # noqa: E402
 
 
@@ -29,15 +29,6 @@ def _synth():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def best(fn, n=3):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
 
 
 def main() -> None:
@@ -53,7 +44,7 @@ def main() -> None:
         print(f"{n_ev:,} device events, {n_host:,} host records")
         with dump.open(paths["exact"]) as d:
             ev = d.records("device_event")
-            base = best(lambda: (np.argsort(ev["sequence"], kind="stable"), ev.copy()))
+            base = best(3, lambda: (np.argsort(ev["sequence"], kind="stable"), ev.copy()))[0]
         print(f"baseline (argsort sequence + copy events): {base * 1e3:8.1f} ms")
         for join, p in paths.items():
             with dump.open(p) as d:
@@ -63,7 +54,7 @@ def main() -> None:
                     nonlocal res
                     res = reconcile.reconcile(d, options=reconcile.ReconcileOptions(join=join))
 
-                t = best(go)
+                t = best(3, go)[0]
                 matched = int((res.matches["host_index"] >= 0).sum())
                 print(f"reconcile --join {join:<7}: {t * 1e3:8.1f} ms  = {t / base:5.1f} x baseline  "
                       f"({matched:,} matched, ok={res.ok}; {res.agreement_line()})")

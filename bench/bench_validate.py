@@ -12,13 +12,13 @@ import argparse
 import struct
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import best  # noqa: E402
 from kvconv import dump, layout  # noqa: E402
 from kvconv.validate import ValidateOptions, validate  # noqa: E402
 
@@ -62,15 +62,6 @@ def make(path: Path, n_events: int, n_hosts: int) -> None:
         w.write_records("device_event", e, capacity=1 << 20)
 
 
-def best(fn, n=5):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1 << 20)
@@ -87,18 +78,18 @@ def main() -> None:
                     pass
 
         read()
-        t_read = best(read)
+        t_read = best(5, read)[0]
         structural = ValidateOptions(reconcile=False)
         rep = validate(p, options=structural)
         assert rep.exit_code == 0, [f.line() for f in rep.findings]
-        t_val = best(lambda: validate(p, options=structural))
+        t_val = best(5, lambda: validate(p, options=structural))[0]
         try:
-            t_full = best(lambda: validate(p), n=3)
+            t_full = best(3, lambda: validate(p))[0]
         except ImportError:
             t_full = float("nan")
         raw = p.read_bytes()
         off = len(raw) - a.events * 64
-        t_struct = best(lambda: sum(1 for _ in struct.iter_unpack("<QQQQQIIHHHBBQ", raw[off:])), n=1)
+        t_struct = best(1, lambda: sum(1 for _ in struct.iter_unpack("<QQQQQIIHHHBBQ", raw[off:])))[0]
     print(f"dump: {a.events:,} events + {a.hosts:,} host records, {size / 2**20:.1f} MiB")
     print(f"read from page cache           {t_read * 1e3:8.1f} ms   1.0x")
     print(f"validate (structure+schema+semantics) {t_val * 1e3:8.1f} ms  {t_val / t_read:5.1f}x  (goal <= 10x)")

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import dump as dumpmod
 from . import layout
+from ._workers import worker
 from .errors import KvconvError
 from .findings import Finding
 
@@ -192,19 +193,6 @@ def _known(kernel_slots: set[int] | None) -> np.ndarray:
     return np.array(sorted(kernel_slots or ()), dtype=np.uint64)
 
 
-_pool = None
-
-
-def _POOL():
-    """One lazily started worker thread, shared by every validation in the process."""
-    global _pool
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvconv-crc")
-    return _pool
-
-
 EV_CHUNK = 1 << 15  # 2 MiB of events: every check of a chunk runs while it is in cache
 
 
@@ -225,7 +213,7 @@ def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grid
     axes = (("block_x", "grid_x"), ("block_y", "grid_y"), ("block_z", "grid_z"))
     for g in d.groups_of("device_event"):
         # The checksum runs in a second thread while this one checks the records (zlib releases the GIL).
-        crc_job = _POOL().submit(g.crc_ok) if not g.lost_records else None
+        crc_job = worker("crc").submit(g.crc_ok) if not g.lost_records else None
         in_order, back, first_back = True, 0, None
         prev_seq = prev_t = None
         for base, ev in g.chunks(EV_CHUNK):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -13,6 +14,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+
+
+def load_script(path: Path, name: str | None = None):
+    """Import a file that is not in a package (a fixture generator, a tool, a bench script) as a module, registered
+    in ``sys.modules`` (dataclasses look their module up there)."""
+    name = name or f"kvconv_script_{path.parent.name}_{path.stem}".replace("-", "_")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def pytest_addoption(parser):

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.gpu
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("canary_gpu", ROOT / "bench" / "canary_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["canary_gpu"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "canary_gpu.py", "canary_gpu")
 
 
 @pytest.mark.parametrize("case", ["clean", "stale-pad", "pad-minus-one"])

@@ -3,7 +3,6 @@ tests/test_canary_gpu.py."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -11,16 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, ROOT, load_script, run_cli
 from kvconv import dump, layout
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
 from kvconv.emit import _text, _wire
 
 pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
 
-_spec = importlib.util.spec_from_file_location("make_synthetic", FIXTURES / "synthetic-multi" / "make_synthetic.py")
-synth = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synth)
+synth = load_script(FIXTURES / "synthetic-multi" / "make_synthetic.py")
 
 PAIR = [FIXTURES / "synthetic-multi" / "rank0.kvdump", FIXTURES / "synthetic-multi" / "rank1.kvdump"]
 
@@ -514,9 +511,7 @@ def test_background_writer_order_limit_and_errors():
 def test_many_overlapping_lanes_get_their_own_tracks(tmp_path):
     """70 overlapping replays and 700 overlapping node executions of one graph exec: every lane its own track
     under the exec's group, none shared, and no track with overlapping slices (Perfetto and Chrome)."""
-    spec = importlib.util.spec_from_file_location("synth_rec", FIXTURES / "synthetic-reconcile" / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = load_script(FIXTURES / "synthetic-reconcile" / "generate.py")
     parts = gen.build(eager=1, eager_blocks=1, nodes=10, replays=70, node_blocks=2)
     e = parts["events"]
     node = np.flatnonzero(e["kernel_slot"] == gen.SLOT_NODE)

@@ -11,23 +11,18 @@ capacities and record sizes, hostile record fields and garbage metadata. Command
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import struct
-import sys
 import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
-_spec = importlib.util.spec_from_file_location("kvconv_tools_fuzz", ROOT / "tools" / "fuzz.py")
-fuzz = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = fuzz  # dataclasses look their module up
-_spec.loader.exec_module(fuzz)
+fuzz = load_script(ROOT / "tools" / "fuzz.py")
 
 EXAMPLES = int(os.environ.get("KVCONV_FUZZ_EXAMPLES", "40"))
 

@@ -1,21 +1,17 @@
 """The Qwen3-14B reconstruction reproduces every published figure, from the records themselves."""
 
-import importlib.util
 
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, load_script
 from kvconv import dump
 
 DUMP = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("qwen_gen", FIXTURES / "qwen3-14b" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(FIXTURES / "qwen3-14b" / "generate.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import jsonschema
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, load_script
 from kvconv import dump, layout, reconcile
 from kvconv.errors import UsageError
 
@@ -19,10 +18,7 @@ QWEN = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
 
 
 def _gen():
-    spec = importlib.util.spec_from_file_location("synth_reconcile", FIXTURES / "synthetic-reconcile" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(FIXTURES / "synthetic-reconcile" / "generate.py")
 
 
 synth = _gen()

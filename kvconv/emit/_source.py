@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import dump as dumpmod
 from .. import layout
+from .._workers import worker
 from ..errors import FormatError, UsageError
 
 GRAPH_NODE = layout.KINDS["graph_node"].id
@@ -308,7 +309,7 @@ class Ctx:
         verify = verify and not self.verified
         base = 0
         mm = getattr(self.dump, "_mm", None)
-        pool = _crc_pool() if verify else None
+        pool = worker("crc") if verify else None
         for g in self.groups:
             fut = None
             rs = int(g.header["record_size"])
@@ -436,18 +437,6 @@ class BackgroundWriter:
             self.closing = True
             self.cv.notify_all()
         self.thread.join()
-
-
-_POOL = None
-
-
-def _crc_pool():
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvconv-crc")
-    return _POOL
 
 
 def _crc_after(buf, prev) -> int:

@@ -106,18 +106,25 @@ def _ascii8(x: np.ndarray) -> np.ndarray:
     return w
 
 
-def _digits_pieces(v: np.ndarray, D: int, at: int, out: list) -> None:
-    """``(position, word, bytes)`` pieces writing the ``D``-digit numbers ``v`` at byte ``at``."""
-    end = at + D
-    rem = v
-    while D > 0:
-        take = min(8, D)
-        if D > 8:
+def _blocks8(v: np.ndarray, D: int):
+    """``(end, digits, values)`` of the 8-digit blocks of ``D``-digit numbers ``v``, from the right: each block's
+    values and where its digits end within the number."""
+    end, rem = D, v
+    while end > 0:
+        take = min(8, end)
+        if end > 8:
             q = rem // _E8
             chunk = rem - q * _E8
             rem = q
         else:
             chunk = rem
+        yield end, take, chunk
+        end -= take
+
+
+def _digits_pieces(v: np.ndarray, D: int, at: int, out: list) -> None:
+    """``(position, word, bytes)`` pieces writing the ``D``-digit numbers ``v`` at byte ``at``."""
+    for end, take, chunk in _blocks8(v, D):
         if take <= 4:
             w = _LUT4_64[chunk.astype(np.intp)]
             if take < 4:
@@ -126,9 +133,7 @@ def _digits_pieces(v: np.ndarray, D: int, at: int, out: list) -> None:
             w = _ascii8(chunk)
             if take < 8:
                 w >>= _U64(8 * (8 - take))
-        out.append((end - take, w, take))
-        end -= take
-        D -= take
+        out.append((at + end - take, w, take))
 
 
 def _number(v: np.ndarray, D: int, at: int, out: list, n: int) -> bytes:
@@ -145,21 +150,12 @@ def _number(v: np.ndarray, D: int, at: int, out: list, n: int) -> bytes:
         out.extend((p, w[ix], L) for p, w, L in lut)
         return bytes(D)
     field = bytearray(D)
-    end, rem = D, v
-    while end > 0:
-        take = min(8, end)
-        if end > 8:
-            q = rem // _E8
-            chunk = rem - q * _E8
-            rem = q
-        else:
-            chunk = rem
+    for end, take, chunk in _blocks8(v, D):
         c0, c1 = int(chunk.min()), int(chunk.max())
         if c0 == c1:
             field[end - take : end] = str(c0).zfill(take).encode()
         else:
             _digits_pieces(chunk, take, at + end - take, out)
-        end -= take
     return bytes(field)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout
+from .._workers import worker
 from ._source import SLICE, EmitOptions, EmitResult, emit_run
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
@@ -52,7 +53,6 @@ class Deinterleave:
         self.dtype = dtype
         self.fields = [(name, dtype.fields[name][0], dtype.fields[name][1]) for name in dtype.names]
         self.words = dtype.itemsize // 8 if dtype.itemsize % 8 == 0 else 0
-        self.chunk = chunk
         self._alloc(chunk)
 
     def _alloc(self, n: int) -> None:
@@ -174,7 +174,7 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
 
     # The small tables are written by a second thread while this one streams the device events: the device-event
     # pipeline leaves each core idle part of the time (1M events + 65,536 host records: 38-45 ms -> 30-34 ms).
-    side = _threads()[1].submit(_small_tables, pa, c, sink)
+    side = worker("tables").submit(_small_tables, pa, c, sink)
     try:
         if c.groups:
             _device_table(c, sink, options, bar, res)
@@ -225,7 +225,7 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
     s = sink("device_event", dt)
     ctxcol = np.full(rows, c.context_id, np.uint32)
     deis = (Deinterleave(dt, rows), Deinterleave(dt, rows))
-    worker = _threads()[0]
+    copier = worker("columns")
     pending = None  # (columns, rows) of the previous batch, not yet written
 
     def flush():
@@ -236,7 +236,7 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
         bar(n)
 
     for i, (first, recs) in enumerate(c.chunks(options.chunk, verify=options.verify_checksums, sub=rows)):
-        fut = worker.submit(deis[i % 2], recs)
+        fut = copier.submit(deis[i % 2], recs)
         if pending is not None:
             flush()
         pending = (fut.result(), len(recs))
@@ -248,64 +248,45 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
 def _small_tables(pa, c, sink) -> int:
     """Every table of the context but device_event and matches; returns the host records written."""
     d, ctx = c.dump, c.context_id
-    host = 0
+    blob = d.strings(context_id=ctx)
+    ctxcol = lambda n: np.full(n, ctx, np.uint32)  # noqa: E731
 
-    def table(kind: str, dtype: np.dtype, extra=(), more=None) -> None:
-        recs = d.records(kind, context_id=ctx)
-        s = sink(kind, dtype, extra)
-        cols = _columns(recs)
-        cols["context_id"] = np.full(len(recs), ctx, np.uint32)
-        if more is not None:
-            cols.update(more(recs))
+    def put(kind: str, cols: dict, dtype: np.dtype | None, extra=(), fields=None) -> None:
+        s = sink(kind, dtype, extra, fields)
         s.write(cols)
         s.close()
 
-    blob = d.strings(context_id=ctx)
+    def table(kind: str, dtype: np.dtype, extra=(), more=None) -> int:
+        recs = d.records(kind, context_id=ctx)
+        cols = {**_columns(recs), "context_id": ctxcol(len(recs)), **(more(recs) if more is not None else {})}
+        put(kind, cols, dtype, extra)
+        return len(recs)
 
     def names(recs, off: str, n: str) -> list[str]:
         return [blob[int(o) : int(o) + int(k)].decode("utf-8", "replace") for o, k in zip(recs[off], recs[n])]
 
-    for kind in ("graph_node", "eager_launch"):
-        if d.groups_of(kind, context_id=ctx):
-            table(kind, layout.DTYPES["host_launch"])
-            host += len(d.records(kind, context_id=ctx))
-    if d.groups_of("kernel", context_id=ctx):
+    def has(kind: str) -> bool:
+        return bool(d.groups_of(kind, context_id=ctx))
+
+    host = sum(table(kind, layout.DTYPES["host_launch"]) for kind in ("graph_node", "eager_launch") if has(kind))
+    if has("kernel"):
         table("kernel", layout.DTYPES["kernel"], [pa.field("name", pa.string()), pa.field("module", pa.string())],
               lambda r: {"name": names(r, "name_off", "name_len"), "module": names(r, "module_off", "module_len")})
-    if d.groups_of("clock_sync", context_id=ctx):
+    if has("clock_sync"):
         table("clock_sync", layout.DTYPES["clock_sync"])
-    if d.groups_of("canary", context_id=ctx):
+    if has("canary"):
         table("canary", layout.DTYPES["canary"], [pa.field("buffer", pa.string())],
               lambda r: {"buffer": names(r, "name_off", "name_len")})
-    if d.groups_of("canary_pages", context_id=ctx):
-        recs = d.records("canary_pages", context_id=ctx)
-        s = sink("canary_pages", layout.DTYPES["canary_page"])
-        s.write({"context_id": np.full(len(recs), ctx, np.uint32), "page": recs.view(np.uint32).reshape(-1)})
-        s.close()
-    if d.groups_of("metadata", context_id=ctx):
-        s = sink("metadata", None, fields=[pa.field("json", pa.string())])
-        s.write({"context_id": np.array([ctx], np.uint32),
-                 "json": [json.dumps(d.metadata(context_id=ctx), sort_keys=True)]})
-        s.close()
-    if d.groups_of("strings", context_id=ctx):
-        s = sink("strings", None, fields=[pa.field("blob", pa.binary())])
-        s.write({"context_id": np.array([ctx], np.uint32), "blob": pa.array([blob], pa.binary())})
-        s.close()
+    if has("canary_pages"):
+        pages = d.records("canary_pages", context_id=ctx).view(np.uint32).reshape(-1)
+        put("canary_pages", {"context_id": ctxcol(len(pages)), "page": pages}, layout.DTYPES["canary_page"])
+    if has("metadata"):
+        put("metadata", {"context_id": ctxcol(1), "json": [json.dumps(d.metadata(context_id=ctx), sort_keys=True)]},
+            None, fields=[pa.field("json", pa.string())])
+    if has("strings"):
+        put("strings", {"context_id": ctxcol(1), "blob": pa.array([blob], pa.binary())}, None,
+            fields=[pa.field("blob", pa.binary())])
     return host
-
-
-_THREADS = None
-
-
-def _threads():
-    """Two one-thread pools: the device-event column copier and the small-table writer."""
-    global _THREADS
-    if _THREADS is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _THREADS = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvconv-columns"),
-                    ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvconv-tables"))
-    return _THREADS
 
 
 def _match_tables(c) -> list:

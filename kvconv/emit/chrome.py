@@ -14,8 +14,7 @@ import json
 import numpy as np
 
 from . import _text as t
-from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id,
-                      out_size)
+from ._source import SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id, out_size
 from .perfetto import _Plan, _short
 
 EST_EVENT_BYTES = 130
@@ -85,17 +84,12 @@ class _Chrome:
         return out
 
     def host(self) -> tuple[list, int]:
-        pl, c, h, agg, u = self.pl, self.c, self.c.host, self.pl.agg, self.pl.u
+        pl, c, h, agg = self.pl, self.c, self.c.host, self.pl.agg
         rows = pl.host_rows
         n = len(rows)
         if not n:
             return [], 0
-        tid = np.empty(n, np.int64)
-        kind = h.kind[rows]
-        for j, e in enumerate(pl.execs):
-            tid[(kind == GRAPH_NODE) & (h.graph_exec[rows] == np.uint64(e))] = self.tid(u.exec_host(j))
-        for i, s in enumerate(pl.streams):
-            tid[(kind == EAGER) & (h.stream[rows] == np.uint64(s))] = self.tid(u.stream(i))
+        tid = self.tid(pl.host_tracks())
         us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
         names = us.tolist()
         nid = nid.reshape(-1)
@@ -139,7 +133,7 @@ class _Chrome:
                 t.uint(agg.count[rows]), t.lit("}}")], len(rows))
         if pl.replays:
             r = np.array([(x[2], x[3], x[1]) for x in pl.replays], np.uint64)
-            tid = np.array([self.tid(u.exec_replays(x[0], int(ln))) for x, ln in zip(pl.replays, pl.replay_lane)])
+            tid = self.tid(u.exec_replays(pl.replay_exec, pl.replay_lane))
             parts += t.render_parts([
                 t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'),
                 t.ts_us(c.clock.to_host(r[:, 0].astype(np.uint64))), t.lit(',"dur":'), t.ts_us(r[:, 1] - r[:, 0]),

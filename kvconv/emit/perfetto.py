@@ -86,14 +86,19 @@ class _Uuids:
             raise OutputError(f"context {self.base >> 24}: too many tracks ({int(sizes.sum()):,} lanes)",
                               hint="narrow the trace with --window or --replays", code="too-many-tracks")
 
-    def exec_replays(self, j: int, lane: int) -> int:
-        return int(self.replay0[j]) + lane
+    def exec_replays(self, j, lane):
+        """The replay lane's uuid (vectorised over ``j`` and ``lane`` arrays)."""
+        return _lane_uuid(self.replay0, j, lane)
 
     def exec_nodes(self, j, lane):
         """The node lane's uuid (vectorised over ``j`` and ``lane`` arrays)."""
-        if np.isscalar(j):
-            return int(self.node0[j]) + int(lane)
-        return self.node0[j] + np.asarray(lane).astype(np.uint64)
+        return _lane_uuid(self.node0, j, lane)
+
+
+def _lane_uuid(first: np.ndarray, j, lane):
+    if np.isscalar(j):
+        return int(first[j]) + int(lane)
+    return first[j] + np.asarray(lane).astype(np.uint64)
 
 
 def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -199,6 +204,8 @@ class _Plan:
                            for j in range(len(self.execs))}
         # replay slices per (exec, launch id)
         self.replays = []  # (exec j, replay, start, end)
+        self.replay_exec = np.zeros(0, np.int64)  # exec j of each replay
+        st = en = np.zeros(0, np.uint64)
         if len(rows):
             lid = h.launch_id[rows].astype(np.uint64)  # replay ids are u64 (kept so: a huge one is not negative)
             _, firsts, inv = unique_pairs(ex_of, lid)
@@ -207,14 +214,14 @@ class _Plan:
             np.minimum.at(st, inv, agg.first_ts[rows])
             np.maximum.at(en, inv, agg.last_ts[rows])
             self.replays = list(zip(ex_of[firsts].tolist(), lid[firsts].tolist(), st.tolist(), en.tolist()))
+            self.replay_exec = ex_of[firsts]
         self.replay_lane = np.zeros(len(self.replays), np.int64)
         self.replay_lanes = {}
         for j in range(len(self.execs)):
-            sel = [i for i, r in enumerate(self.replays) if r[0] == j]
-            if sel:
-                ln = _lanes(np.array([self.replays[i][2] for i in sel]), np.array([self.replays[i][3] for i in sel]))
-                self.replay_lane[sel] = ln
-                self.replay_lanes[j] = int(ln.max()) + 1
+            sel = np.flatnonzero(self.replay_exec == j)
+            if len(sel):
+                self.replay_lane[sel] = _lanes(st[sel], en[sel])
+                self.replay_lanes[j] = int(self.replay_lane[sel].max()) + 1
         self.u.place_lanes([self.replay_lanes.get(j, 0) for j in range(len(self.execs))],
                            [self.node_lanes[j] for j in range(len(self.execs))])
         self.node_name_iid = np.zeros(len(rows), np.uint64)
@@ -374,20 +381,23 @@ class _Plan:
         has[fs - first] = True
         return has
 
+    def host_tracks(self) -> np.ndarray:
+        """The track uuid of each shown host record: its graph exec's host track, or its stream's."""
+        h, rows = self.c.host, self.host_rows
+        ex = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows])
+        st = np.searchsorted(np.array(self.streams, np.uint64), h.stream[rows])
+        return np.where(h.kind[rows] == GRAPH_NODE, self.u.exec_host(ex), self.u.stream(st)).astype(np.uint64)
+
     # -- vectorised packets -----------------------------------------------------------------------------------
 
     def host_packets(self) -> tuple[list, int]:
-        c, h, agg, u = self.c, self.c.host, self.agg, self.u
+        c, h, agg = self.c, self.c.host, self.agg
         rows = self.host_rows
         n = len(rows)
         if not n:
             return [], 0
-        track = np.empty(n, np.uint64)
+        track = self.host_tracks()
         kind = h.kind[rows]
-        for j, e in enumerate(self.execs):
-            track[(kind == GRAPH_NODE) & (h.graph_exec[rows] == np.uint64(e))] = u.exec_host(j)
-        for i, s in enumerate(self.streams):
-            track[(kind == EAGER) & (h.stream[rows] == np.uint64(s))] = u.stream(i)
         fd = agg.flow_dev[rows]
         cnt = (fd >= 0).sum(1) if fd.shape[1] else np.zeros(n, np.int64)
         fids = flow_id(c, np.maximum(fd, 0)) if fd.shape[1] else np.zeros((n, 0), np.uint64)
@@ -422,8 +432,7 @@ class _Plan:
         if self.replays:
             r = np.array([(x[2], x[3]) for x in self.replays], np.uint64)
             st, en = r[:, 0].astype(np.uint64), r[:, 1].astype(np.uint64)
-            track = np.array([u.exec_replays(x[0], int(ln)) for x, ln in zip(self.replays, self.replay_lane)],
-                             np.uint64)
+            track = u.exec_replays(self.replay_exec, self.replay_lane)
             parts += self._slices(st, en, track, self.replay_name_iid, st == en,
                                   [(2, np.array([x[1] for x in self.replays], np.uint64))])
         return parts
