@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--num-blocks", type=int, default=8)
     ap.add_argument("--json", help="write the summary here too (%%r = rank)")
+    ap.add_argument("--keep-graph-at-teardown", action="store_true",
+                    help="destroy the process group while the captured graph is alive (reproduces the exit hang)")
     args = ap.parse_args(argv)
     args.streams = 1
 
@@ -159,9 +161,28 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json.replace("%r", str(rank)), "w") as f:
             f.write(line + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
+    shutdown(dist, graph, keep_graph=args.keep_graph_at_teardown)
     return 0 if ok else 1
+
+
+def shutdown(dist, graph, *, keep_graph: bool) -> None:
+    """End the process group so that the process can exit, on any world size.
+
+    A CUDA graph that captured NCCL collectives holds a reference on the communicator (NCCL's
+    ``localPersistentRefs``, dropped only when CUDA destroys the graph and fires its user-object destructor), and
+    ``ncclCommDestroy`` waits for that count to reach zero. ``destroy_process_group()`` while the graph is still
+    alive therefore waits forever. A world of one does not: NCCL runs a one-rank all_reduce as a copy and captures
+    no persistent plan. So: synchronise, free the graph (``reset()``), let CUDA run the destructors, then destroy.
+    ``keep_graph=True`` keeps the old order, to reproduce the hang.
+    """
+    import torch
+
+    dist.barrier()
+    torch.cuda.synchronize()
+    if not keep_graph:
+        graph.reset()
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
