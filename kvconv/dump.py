@@ -236,6 +236,15 @@ def _err(cls, msg, path, offset, fld=None, *, group=None, code, hint=None):
     return cls(msg, path=path, offset=offset, field=fld, group=group, code=code, hint=hint)
 
 
+def _cut_hint(options: ReadOptions, index: int, nothing_left: str) -> str:
+    """What to do about a file cut short: --salvage, unless it is already on (then say what it could not do)."""
+    if not options.salvage:
+        return "the file was cut short; try --salvage"
+    if index == 0:
+        return f"the file was cut short: {nothing_left}"
+    return "the file was cut short; the groups before it were read"
+
+
 def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Dump:
     """Parse a dump's structure, collecting every structural problem in ``Dump.problems`` instead of raising.
 
@@ -275,18 +284,22 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     pos = 0
     index = 0
     while pos < size:
-        if size - pos < layout.HEADER_SIZE:
-            problem("warning" if options.salvage and index else "error", _err(FormatError, f"file ends {size - pos} bytes into a 64-byte header", path, pos,
-                                  "header", group=index, code="truncated-header",
-                                  hint="the file was cut short; try --salvage"))
-            break
-        hdr = np.frombuffer(buf, dtype=H, count=1, offset=pos)[0]
-        if bytes(hdr["magic"]).ljust(8, b"\0") != layout.MAGIC:
+        head = bytes(buf[pos : pos + min(8, size - pos)])
+        if not layout.MAGIC.startswith(head):
+            # Checked first, even on a stub shorter than a header: a text file is "not a kvconv dump", not "cut".
             what = "bad magic" if index == 0 else "bad magic at the start of a record group"
-            problem("error", _err(FormatError, f"{what} {bytes(buf[pos:pos + 8])!r}", path, pos, "header.magic",
-                                  group=index, code="bad-magic",
+            problem("error", _err(FormatError, f"{what} {head!r}", path, pos, "header.magic", group=index,
+                                  code="bad-magic",
                                   hint="not a kvconv dump" if index == 0 else "the file is damaged here"))
             break
+        if size - pos < layout.HEADER_SIZE:
+            salvaged = options.salvage and index > 0
+            problem("warning" if salvaged else "error",
+                    _err(FormatError, f"file ends {size - pos} bytes into a 64-byte header", path, pos, "header",
+                         group=index, code="truncated-header",
+                         hint=_cut_hint(options, index, "its first header is incomplete, so no group can be read")))
+            break
+        hdr = np.frombuffer(buf, dtype=H, count=1, offset=pos)[0]
         major, minor = int(hdr["major"]), int(hdr["minor"])
         if major not in layout.SUPPORTED_MAJORS:
             problem("error", _err(FormatError, f"format major version {major} is not supported (supported: "
@@ -323,26 +336,38 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
         if nbytes > left:
             whole = left // rsize if rsize else 0
             # More than the whole file: a damaged count, unless the producer's capacity vouches for it (a big
-            # group cut short, e.g. a 1M-event buffer of which the first half reached the disk).
-            if nbytes > size and not (0 < count <= int(hdr["capacity"])):
+            # group cut short, e.g. a 1M-event buffer of which the first half reached the disk). Groups without a
+            # capacity (metadata, strings, tables) have nothing to contradict their count, whose header checksum
+            # holds: the file was cut short.
+            cap = int(hdr["capacity"])
+            if nbytes > size and cap and count > cap:
                 code, msg = "count-exceeds-file", (
-                    f"record_count {count} x record_size {rsize} = {nbytes} bytes exceeds the whole file "
-                    f"({size} bytes)")
+                    f"record_count {count:,} x record_size {rsize} = {nbytes:,} bytes exceeds the whole file "
+                    f"({size:,} bytes) and the group's capacity ({cap:,} records)")
             else:
                 code, msg = "truncated-payload", (
-                    f"payload of {count} records ends {nbytes - left} bytes past the end of the file "
-                    f"({whole} whole records present)")
-            if options.salvage and kind is not None and (kind.record_size == rsize):
-                problem("warning", _err(FormatError, msg + f"; salvaged {whole}, lost {count - whole}", path,
-                                        pos + _HDR.field("record_count").offset, "header.record_count",
+                    f"payload of {count:,} records ends {nbytes - left:,} bytes past the end of the file "
+                    f"({whole:,} whole records present)")
+            if options.salvage and kind is not None and kind.record_size == rsize:
+                if not kind.layout:
+                    whole = 0  # a byte blob (metadata JSON, strings) cut short is not readable in part
+                problem("warning", _err(FormatError, msg + f"; salvaged {whole:,}, lost {count - whole:,}"
+                                        + ("" if kind.layout else f" (the {kind.name} cannot be read in part)"),
+                                        path, pos + _HDR.field("record_count").offset, "header.record_count",
                                         group=index, code="salvaged"))
                 lost = count - whole
                 count, nbytes = whole, whole * rsize
+                if not kind.layout:
+                    break
             else:
+                if code == "count-exceeds-file":
+                    hint = "the header's record_count is damaged"
+                elif options.salvage:
+                    hint = ("the file was cut short, and records of an unknown kind or size cannot be salvaged")
+                else:
+                    hint = "the file was cut short; try --salvage"
                 problem("error", _err(FormatError, msg, path, pos + _HDR.field("record_count").offset,
-                                      "header.record_count", group=index, code=code,
-                                      hint="the file was cut short; try --salvage" if code == "truncated-payload"
-                                      else "the header is damaged"))
+                                      "header.record_count", group=index, code=code, hint=hint))
                 break
         if kind is None:
             problem("warning", _err(FormatError, f"unknown record kind {int(hdr['record_kind'])}; group skipped",
@@ -461,7 +486,8 @@ class DumpWriter:
         self.path = Path(path)
         self.context_id = context_id
         self.device_id = device_id
-        self._cm = atomic_output(self.path)
+        # dump.new(path) replaces its path, as open(path, "w") would (a library call, not a user's -o)
+        self._cm = atomic_output(self.path, kind="kvdump", force=True)
         self._tmp = self._cm.__enter__()
         self._f = builtins.open(self._tmp, "wb")
         self._closed = False
@@ -493,6 +519,32 @@ class DumpWriter:
                               code="writer-dtype")
         arr = np.ascontiguousarray(records)
         self.write_raw_group(kd, memoryview(arr.view(np.uint8).reshape(-1)), record_count=len(arr), **header)
+
+    def write_stream(self, kind: str, chunks, **header) -> int:
+        """Write one group of ``kind`` records from an iterable of structured arrays, in bounded memory: the
+        header is written last (count and payload CRC-32 are known only then). Returns the record count."""
+        kd = layout.KINDS[kind]
+        dt = layout.kind_dtype(kd)
+        header.setdefault("context_id", self.context_id)
+        header.setdefault("device_id", self.device_id)
+        at = self._f.tell()
+        self._f.write(bytes(layout.HEADER_SIZE))
+        count = crc = 0
+        for recs in chunks:
+            if recs.dtype != dt:
+                raise SchemaError(f"records have dtype {recs.dtype}, expected the {kind} layout", field=kind,
+                                  code="writer-dtype")
+            b = memoryview(np.ascontiguousarray(recs).view(np.uint8).reshape(-1))
+            crc = zlib.crc32(b, crc)
+            self._f.write(b)
+            count += len(recs)
+        nbytes = count * kd.record_size
+        self._f.write(b"\0" * (layout.padded(nbytes) - nbytes))
+        end = self._f.tell()
+        self._f.seek(at)
+        self._f.write(make_header(kd, record_count=count, payload_crc32=crc, **header))
+        self._f.seek(end)
+        return count
 
     def write_bytes(self, kind: str, data: bytes, **header) -> None:
         self.write_raw_group(layout.KINDS[kind], data, record_count=len(data), **header)
