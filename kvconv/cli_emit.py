@@ -53,7 +53,8 @@ _FLOWS = typer.Option(16, "--flows", help="flows from each host launch to at mos
 _RECONCILE = typer.Option("auto", "--reconcile", help="auto | always | never (never: exact gridid join only; auto: "
                           "that join when it matches every event, else kvconv reconcile's join)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
-_PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress bar (default: only on a terminal)")
+_PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar on a terminal, else a stderr line "
+                         "every 2 s (KVCONV_PROGRESS_INTERVAL seconds); -q turns it off")
 _SALVAGE = typer.Option(False, "--salvage", help="convert a dump cut short up to its last whole record (warns)")
 _QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
@@ -79,7 +80,8 @@ def register(app: typer.Typer) -> None:
         """
         from .emit.perfetto import write_perfetto
 
-        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress,
+        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
+                                                           False if quiet else progress,
                                                            salvage=salvage))
         _report(res, quiet)
 
@@ -102,7 +104,8 @@ def register(app: typer.Typer) -> None:
         """
         from .emit.chrome import write_chrome
 
-        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk, progress,
+        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
+                                                           False if quiet else progress,
                                                            salvage=salvage))
         _report(res, quiet)
 
@@ -125,7 +128,8 @@ def register(app: typer.Typer) -> None:
         """
         from .emit.arrow import write_arrow
 
-        opts = _options(None, None, 0, reconcile, chunk, progress, arrow_format=fmt, salvage=salvage,
+        opts = _options(None, None, 0, reconcile, chunk, False if quiet else progress, arrow_format=fmt,
+                        salvage=salvage,
                         compression=None if compression == "none" else compression)
         res = write_arrow(dumps, out, options=opts)
         _report(res, quiet)

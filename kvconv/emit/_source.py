@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -608,7 +607,9 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
     dumps, ctxs = open_contexts(paths, options, warn, res.timings)
     try:
         total = sum(c.n_events for c in ctxs)
-        bar = Progress(options.progress, passes * total, name)
+        bar = Progress(f"{name} {', '.join(Path(p).name for p in paths)}", total=passes * total,
+                       size_bytes=sum(d.size for d in dumps),
+                       options=ProgressOptions.from_cli(progress=options.progress))
         try:
             yield res, warn, paths, ctxs, bar
         finally:
@@ -979,33 +980,7 @@ def flow_id(c: Ctx, dev_index) -> np.ndarray:
     return (np.uint64(c.serial + 1) << np.uint64(40)) | np.asarray(dev_index, dtype=np.uint64)
 
 
-def is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-class Progress:
-    """A rich progress bar on a terminal, nothing otherwise."""
-
-    def __init__(self, enabled: bool | None, total: int, label: str) -> None:
-        self.bar = None
-        if (is_tty() if enabled is None else enabled) and total:
-            from rich.progress import Progress as RP
-
-            self.bar = RP(transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task(label, total=total)
-
-    def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
+from ..progress import Progress, ProgressOptions  # noqa: E402 - the one progress display (kvconv/progress.py)
 
 
 def out_size(path) -> int:
