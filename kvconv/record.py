@@ -6,8 +6,9 @@
     >>> env["CUDA_INJECTION64_PATH"], env["KVCONV_KERNELS"], env["KVCONV_OUTPUT"]
     ('/x/libkvconv_tracer.so', 'reshape_and_cache_flash_kernel', 'run.kvdump')
 
-:func:`find_library` finds ``native/build/libkvconv_tracer.so`` (or ``$KVCONV_TRACER_LIB``) and builds it with
-``make -C native tracer`` when it is missing; :func:`record` sets the environment, runs the command, finds the
+:func:`find_library` finds ``$KVCONV_TRACER_LIB`` (a prebuilt ``libkvconv_tracer.so``, its two fatbins beside it) or
+``native/build/libkvconv_tracer.so`` of a source checkout, built with ``make -C native tracer`` when missing (an
+installed wheel has no ``native/``: the error says how to build it); :func:`record` sets the environment, runs the command, finds the
 dump(s) it wrote (``%p``/``%c`` in the output expand to pid and context) and validates each one.
 """
 
@@ -78,29 +79,57 @@ class RecordResult:
         return all(r.valid for r in self.reports)
 
 
+ENV_LIB = "KVCONV_TRACER_LIB"  # a prebuilt libkvconv_tracer.so (its fatbins beside it)
+# What the library loads from its own folder unless the variable names it. Without the patch the tracer runs with
+# tracing off (checked here); without the clock-sync kernel it records no clock-sync pairs (the tracer warns).
+PATCH = ("kvconv_patch.fatbin", "KVCONV_PATCH_FILE")
+BUILD_HOWTO = (f"in a kvconv source checkout run: make -C native tracer (needs g++, nvcc 13 and pip install "
+               f"'nvidia-cuda-sanitizer-api==13.0.*' 'nvidia-cuda-runtime==13.0.*'); it writes native/build/{LIB_NAME} "
+               f"with kvconv_patch.fatbin and kvconv_clocksync.fatbin beside it; then "
+               f"export {ENV_LIB}=/path/to/native/build/{LIB_NAME}")
+
+
 def find_library(*, build: bool = True) -> Path:
-    """The tracer library: $KVCONV_TRACER_LIB, else native/build/, built there with make when missing."""
-    env = os.environ.get("KVCONV_TRACER_LIB")
+    """The tracer library: ``$KVCONV_TRACER_LIB`` (a prebuilt one), else ``native/build/`` of the source checkout
+    kvconv runs from, built there with make when missing. An installed wheel has no ``native/``: the error says how
+    to build the library and point ``KVCONV_TRACER_LIB`` at it."""
+    env = os.environ.get(ENV_LIB)
     if env:
-        p = Path(env)
+        p = Path(env).expanduser()
         if not p.is_file():
-            raise TracerError("KVCONV_TRACER_LIB names no file", path=env, hint="unset it or build native/")
+            raise TracerError(f"{ENV_LIB} names no file", path=env, hint=f"unset it, or {BUILD_HOWTO}")
+        _check_companions(p.resolve())
         return p.resolve()
     lib = NATIVE / "build" / LIB_NAME
-    patch = NATIVE / "build" / "kvconv_patch.fatbin"
-    if lib.is_file() and patch.is_file():
+    if lib.is_file() and (lib.parent / PATCH[0]).is_file():
         return lib
+    if not (NATIVE / "Makefile").is_file():
+        raise TracerError(f"no tracer library: this kvconv is installed without native/ and {ENV_LIB} is not set",
+                          hint=BUILD_HOWTO)
     if not build:
-        raise TracerError("the tracer is not built", path=str(lib), hint="run: make -C native")
-    if not (NATIVE / "Makefile").is_file() or shutil.which("make") is None:
-        raise TracerError("cannot build the tracer (no native/Makefile or no make)", path=str(NATIVE),
-                          hint="build it elsewhere and set KVCONV_TRACER_LIB")
+        raise TracerError("the tracer is not built", path=str(lib),
+                          hint=f"run: make -C {NATIVE} tracer (or set {ENV_LIB} to a prebuilt {LIB_NAME})")
+    if shutil.which("make") is None:
+        raise TracerError("cannot build the tracer: no make on PATH", path=str(NATIVE),
+                          hint=f"install make and run: make -C {NATIVE} tracer, or set {ENV_LIB} to a prebuilt "
+                               f"{LIB_NAME}")
     p = subprocess.run(["make", "-C", str(NATIVE), "tracer"], capture_output=True, text=True)
     if p.returncode != 0 or not lib.is_file():
         tail = (p.stdout + p.stderr).strip().splitlines()[-1:] or ["?"]
         raise TracerError(f"building the tracer failed: {tail[0]}", path=str(NATIVE),
                           hint="needs g++, nvcc 13 and nvidia-cuda-sanitizer-api; see docs/TRACER.md")
     return lib
+
+
+def _check_companions(lib: Path) -> None:
+    """The device patch the library loads from its own folder (unless KVCONV_PATCH_FILE names it): without it the
+    tracer would run the command with tracing off, so refuse before running anything."""
+    name, var = PATCH
+    named = os.environ.get(var)
+    where = Path(named).expanduser() if named else lib.parent / name
+    if not where.is_file():
+        raise TracerError(f"{name} is not beside {ENV_LIB}" if not named else f"{var} names no file",
+                          path=str(where), hint=f"copy native/build/{name} next to {lib.name}, or set {var}")
 
 
 def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | None = None) -> dict:

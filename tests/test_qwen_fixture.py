@@ -83,3 +83,27 @@ def test_device_side_figures(d):
 def test_metadata_counters_are_integers(d):
     c = d.metadata()["counters"]
     assert c["fatal_count"] == 0 and all(isinstance(v, int) for v in c.values())
+
+
+def test_device_work_starts_microseconds_after_its_host_record(tmp_path):
+    """Through the clock-sync pairs, as the traces draw it: each eager launch's flow (host record -> its first
+    blocks) lasts microseconds, as on the real H200 captures; a graph node's lasts at most the replay's span (its
+    record comes at cuGraphLaunch). Before: every device event came about 2.76 s after its host record."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "q.json"
+    r = run_cli("chrome", DUMP, "-o", out)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    ends: dict = {}
+    for e in doc["traceEvents"] if isinstance(doc, dict) else doc:
+        if e.get("ph") in ("s", "f"):
+            ends.setdefault(e["id"], {})[e["ph"]] = e["ts"]
+    flows = np.array(sorted(v["f"] - v["s"] for v in ends.values()))  # us
+    assert len(flows) > 16_000
+    eager, graph = flows[flows < 20], flows[flows >= 20]
+    assert len(graph) == 280 and len(eager) == len(flows) - 280
+    assert 2 <= eager.min() and eager.max() < 10 and 4 < np.median(eager) < 7
+    assert 40 <= graph.min() < 60 and graph.max() <= 108.58e3 + 50

@@ -4,12 +4,14 @@ the dump the tracer would), plus the CLI's error paths."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from kvconv import record
 from kvconv.errors import OutputError, UsageError
 
@@ -38,7 +40,9 @@ sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 def fake_lib(tmp_path, monkeypatch):
     lib = tmp_path / "libkvconv_tracer.so"
     lib.write_bytes(b"not a real library: the stand-in command ignores CUDA_INJECTION64_PATH")
+    (tmp_path / "kvconv_patch.fatbin").write_bytes(b"stand-in device patch")
     monkeypatch.setenv("KVCONV_TRACER_LIB", str(lib))
+    monkeypatch.delenv("KVCONV_PATCH_FILE", raising=False)
     return lib
 
 
@@ -114,3 +118,45 @@ def test_record_cli_errors(tmp_path):
     assert r.returncode == 2 and "--events" in r.stderr
     r = run_cli("record", "-o", str(tmp_path / "x.kvdump"), "--", "true", env={"KVCONV_TRACER_LIB": "/nonexistent"})
     assert r.returncode == 1 and "KVCONV_TRACER_LIB" in r.stderr
+
+
+def test_prebuilt_library_needs_its_patch_beside_it(tmp_path):
+    """KVCONV_TRACER_LIB without kvconv_patch.fatbin beside it would trace nothing: refused before the command runs."""
+    lib = tmp_path / "lib" / "libkvconv_tracer.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"stand-in")
+    ran = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
+    r = run_cli("record", "-o", str(tmp_path / "x.kvdump"), *cmd, env={"KVCONV_TRACER_LIB": str(lib)})
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "kvconv_patch.fatbin is not beside KVCONV_TRACER_LIB" in r.stderr and not ran.exists()
+    patch = tmp_path / "elsewhere.fatbin"
+    patch.write_bytes(b"stand-in")
+    r = run_cli("record", "-o", str(tmp_path / "x.kvdump"), *cmd,
+                env={"KVCONV_TRACER_LIB": str(lib), "KVCONV_PATCH_FILE": str(patch)})
+    assert ran.exists() and "wrote no dump" in r.stderr  # the lookup passed; the stand-in command wrote no dump
+
+
+def test_installed_kvconv_says_how_to_get_the_tracer(tmp_path):
+    """An install without native/ (a wheel): one line naming the build command, where the library goes and the
+    variable, and exit 1; with the variable set to a prebuilt library, record runs."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "kvconv", site / "kvconv", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "schemas", site / "schemas")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVCONV_")}
+    env["PYTHONPATH"] = str(site)
+    args = [sys.executable, "-m", "kvconv", "record", "-o", str(tmp_path / "r-%p.kvdump"), "--"]
+    p = subprocess.run(args + ["true"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    for part in ("make -C native tracer", "native/build/libkvconv_tracer.so", "kvconv_patch.fatbin",
+                 "export KVCONV_TRACER_LIB=/path/to/native/build/libkvconv_tracer.so"):
+        assert part in p.stderr, (part, p.stderr)
+    lib = tmp_path / "prebuilt" / "libkvconv_tracer.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"stand-in")
+    (lib.parent / "kvconv_patch.fatbin").write_bytes(b"stand-in")
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    p = subprocess.run(args + [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                       env={**env, "KVCONV_TRACER_LIB": str(lib)})
+    assert p.returncode == 0 and ": valid" in p.stdout, p.stdout + p.stderr
