@@ -25,3 +25,22 @@ def best(reps: int, f, *a, before=None, **k):
         t, r = timed(f, *a, **k)
         ts.append(t)
     return min(ts), max(ts), r
+
+
+def memcpy_gbs(mib: int = 256, reps: int = 5) -> float:
+    """Best memory-copy bandwidth (GB/s) of ``mib`` MiB: how quiet the machine is right now (other work sharing the
+    cores and memory bus lowers it)."""
+    import numpy as np
+
+    a = np.ones(mib << 20, np.uint8)
+    b = np.empty_like(a)
+    t = best(reps, np.copyto, b, a)[0]
+    return a.nbytes / t / 1e9
+
+
+def quietness(tag: str) -> str:
+    """``quiet check (start): memcpy 9.8 GB/s, load average 0.31 (2 cores)``: print it before and after a bench."""
+    import os
+
+    return (f"quiet check ({tag}): memcpy {memcpy_gbs():.1f} GB/s, load average {os.getloadavg()[0]:.2f} "
+            f"({os.cpu_count()} cores)")
