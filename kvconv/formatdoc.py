@@ -1,6 +1,8 @@
-"""docs/FORMAT.md's layout tables, generated from schemas/layouts.json (tests compare the committed file).
+"""The generated docs (tests regenerate each and compare the committed file):
 
-    python -m kvconv.formatdoc > docs/FORMAT.md
+    python -m kvconv.formatdoc > docs/FORMAT.md              # schemas/layouts.json + the rules below
+    python -m kvconv.formatdoc findings > docs/FINDINGS.md   # schemas/codes.json
+    python -m kvconv.formatdoc outputs > docs/OUTPUTS.md     # the Arrow schemas + the trace tracks below
 """
 
 from __future__ import annotations
@@ -70,7 +72,56 @@ def render() -> str:
     return "\n".join(out)
 
 
+FINDINGS_INTRO = """# kvconv finding and error codes
+
+Generated from `schemas/codes.json` by `python -m kvconv.formatdoc findings`; do not edit by hand.
+
+Every problem kvconv reports carries a stable code. Findings (from `validate`, `reconcile`, `canary`, `info`,
+`record`) print as one line, `SEVERITY CODE FILE: byte N: group G record R: FIELD: message`, and appear in `--json`
+output as `{"severity", "code", "message", "path", "group", "record", "offset", "field", "count"}`. Errors that stop
+a command print as one line on stderr, `Error: FILE: byte N: FIELD: message (what to do)`, and carry the same kind
+of code in `--json` error output.
+
+- **error**: the dump (or the run) is wrong where named; `kvconv validate` exits 1.
+- **unreadable**: an error after which the file cannot be read as a whole (where the next group starts is unknown);
+  `kvconv validate` exits 2. `--salvage` reads a dump cut short up to its last whole record.
+- **warning**: worth knowing, not wrong; exit 0. **info**: for the record.
+
+Severity lists the levels a code can have, the usual one first. `--relaxed-reconcile` reports every reconciliation
+error as a warning.
+"""
+
+
+def render_findings() -> str:
+    """docs/FINDINGS.md: every code of schemas/codes.json, by area: what it means, what to do."""
+    from . import codes
+
+    out = [FINDINGS_INTRO]
+    for area, title in codes.AREAS.items():
+        rows = [c for c in codes.CODES.values() if c.area == area]
+        if not rows:
+            continue
+        out.append(f"## {title}\n")
+        out.append("| code | severity | what it means | what to do |")
+        out.append("| --- | --- | --- | --- |")
+        for c in sorted(rows, key=lambda c: c.code):
+            sev = ", ".join(c.severity) + (" (unreadable, exit 2)" if c.unreadable else "")
+            out.append(f"| `{c.code}` | {sev} | {_cell(c.means)} | {_cell(c.do)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+_DOCS = {"format": lambda: render(), "findings": lambda: render_findings()}
+
+
 if __name__ == "__main__":  # pragma: no cover
     import sys
 
-    sys.stdout.write(render())
+    which = sys.argv[1] if len(sys.argv) > 1 else "format"
+    if which not in _DOCS:
+        sys.exit(f"usage: python -m kvconv.formatdoc [{'|'.join(_DOCS)}]")
+    sys.stdout.write(_DOCS[which]())

@@ -21,28 +21,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import codes
 from . import dump as dumpmod
 from . import layout
 from ._workers import worker
 from .errors import KvconvError
 from .findings import Finding
 
-# Structural problems after which the file cannot be read as a whole: exit 2.
-UNREADABLE = frozenset(
-    {
-        "not-found",
-        "not-a-file",
-        "unreadable",
-        "truncated-header",
-        "bad-magic",
-        "unsupported-version",
-        "header-checksum",
-        "bad-header-size",
-        "truncated-payload",
-        "count-exceeds-file",
-        "record-size-mismatch",
-    }
-)
+# Structural problems after which the file cannot be read as a whole (exit 2): schemas/codes.json's "unreadable".
+UNREADABLE = codes.UNREADABLE
 
 
 @dataclass(frozen=True)
@@ -181,11 +168,12 @@ def _check_headers(d: dumpmod.Dump, c: _Collector) -> None:
             c.add("error", "count-exceeds-capacity", f"record_count {g.record_count} exceeds capacity {g.capacity}",
                   group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
         if g.drop_count:
-            c.add("error", "dropped", f"the producer dropped {g.drop_count} {g.kind_name} records "
-                  f"(capacity {g.capacity}); raise the capacity and record again",
+            c.add("error", "dropped", f"the producer dropped {g.drop_count:,} {g.kind_name} records "
+                  f"(capacity {g.capacity:,}); raise the capacity and record again",
                   group=g.index, offset=g.offset + hdr.field("drop_count").offset, field="header.drop_count")
         if g.lost_records:
-            c.add("warning", "salvaged-loss", f"{g.lost_records} {g.kind_name} records lost to truncation",
+            c.add("warning", "salvaged-loss", f"{g.lost_records:,} {g.kind_name} records lost to truncation (the "
+                  "file was cut short; not dropped by the producer)",
                   group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
 
 
