@@ -44,6 +44,7 @@ import numpy as np
 from . import layout
 from .errors import SchemaError, UsageError
 from .findings import Finding
+from .wording import counted
 
 GRAPH_NODE = layout.KINDS["graph_node"].id  # 6
 EAGER = layout.KINDS["eager_launch"].id  # 7
@@ -114,9 +115,15 @@ class ReconcileResult:
     matches: np.ndarray  # MATCH_DTYPE, one row per device event of every context
     launches: np.ndarray  # LAUNCH_DTYPE, one row per host launch record of every context (graph uploads excluded)
 
+    mismatches: int = 0  # findings that are errors unless --relaxed (each context's agreement.agree is false)
+
     @property
     def ok(self) -> bool:
+        """The exit status: no error-level finding. Without --relaxed, the same as every context agreeing."""
         return not any(f.severity == "error" for f in self.findings)
+
+    def status_line(self) -> str:
+        return status_line([self])
 
     def agreement_line(self, context_id: int | None = None) -> str:
         """The agreement line of one context (the first when not given)."""
@@ -176,6 +183,7 @@ def reconcile(d, *, options: ReconcileOptions = ReconcileOptions()) -> Reconcile
     contexts: list[dict] = []
     matches: list[np.ndarray] = []
     launches: list[np.ndarray] = []
+    mismatches = 0
     for ctx, dev in d.contexts():
         if not (d.groups_of("device_event", context_id=ctx) or d.groups_of("graph_node", context_id=ctx)
                 or d.groups_of("eager_launch", context_id=ctx)):
@@ -184,12 +192,13 @@ def reconcile(d, *, options: ReconcileOptions = ReconcileOptions()) -> Reconcile
         c.run()
         contexts.append(c.report)
         findings.extend(c.findings)
+        mismatches += sum(c.mismatches.values())
         matches.append(c.matches)
         launches.append(c.launch_table)
     m = np.concatenate(matches) if matches else np.zeros(0, MATCH_DTYPE)
     la = np.concatenate(launches) if launches else np.zeros(0, LAUNCH_DTYPE)
     return ReconcileResult(path=str(d.path), join_requested=options.join, contexts=contexts, findings=findings,
-                           matches=m, launches=la)
+                           matches=m, launches=la, mismatches=mismatches)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,10 +212,7 @@ def _hex(v) -> str:
     return f"{int(v):#x}"
 
 
-def _n(n, word: str) -> str:
-    """'1 device event' / '3 device events'."""
-    n = int(n)
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
+_n = counted  # '1 device event' / '3 device events'
 
 
 def _ms(ns) -> str:
@@ -255,6 +261,9 @@ class _Context:
         self.findings: list[Finding] = []
         self._listed: dict[str, int] = {}
         self._unlisted: dict[str, list] = {}
+        self.mismatches: dict[str, int] = {}  # code -> findings that are errors before --relaxed
+        self.extra_replay_events = 0
+        self.unattributed = 0
 
     # --- findings -------------------------------------------------------------------------------------------
 
@@ -275,6 +284,8 @@ class _Context:
     def add(self, severity: str, code: str, message: str, *, kind: str | None = None, index: int | None = None,
             count: int = 1, listed: bool = True) -> None:
         """Add a finding; after max_listed findings of one code, further ones are summed into one."""
+        if severity == "error":
+            self.mismatches[code] = self.mismatches.get(code, 0) + 1
         if listed:
             n = self._listed.get(code, 0)
             if n >= self.o.max_listed:
@@ -401,8 +412,12 @@ class _Context:
             if dd["counter"] is not None and dd["counter"] != dd["header"]:
                 self.add("warning", "drop-counters-differ", f"{kind}: group header drop_count {dd['header']:,} "
                          f"but metadata counter says {dd['counter']:,}; using the larger", listed=False)
+        # effective = dropped by the producer + lost to truncation (a salvaged file): both are records this dump
+        # lacks, which is what the joins need; messages and the agreement name the two facts apart (_loss).
         self.device_drops = self.drops["device_event"]["effective"]
         self.host_drops = self.drops["graph_node"]["effective"] + self.drops["eager_launch"]["effective"]
+        self.device_lost = self.drops["device_event"]["lost_records"]
+        self.host_lost = self.drops["graph_node"]["lost_records"] + self.drops["eager_launch"]["lost_records"]
         if self.uploads_ignored:
             self.add("info", "graph-uploads-ignored", f"{self.uploads_ignored:,} graph-node records flagged "
                      "graph_upload ignored", listed=False)
@@ -874,7 +889,7 @@ class _Context:
             note += (f"; {self.coverage_late:,} blocks missing with 0 device drops are attributed to the earliest "
                      "launches (coverage starts late, it never stops early)")
         elif drops and delta > 0:
-            note += f"; {drops:,} device drops: the deficit cannot be placed, ambiguous runs are reported"
+            note += f"; {self._loss()}: the deficit cannot be placed, ambiguous runs are reported"
         self.join_note = note
 
     def _locate_surplus(self, order, C, surplus: int, rounds: int = 64):
@@ -980,7 +995,7 @@ class _Context:
             late_until = int(np.searchsorted(np.cumsum(exp_o), late, side="left"))  # last launch touched
         dev_note = ""
         if self.device_drops:
-            dev_note = f" (device reported {_n(self.device_drops, 'dropped event')})"
+            dev_note = f" ({self._loss()})"
         for hh in np.flatnonzero(missing > 0):
             rec, ex = int(self.h_distinct[hh]), int(exp[hh])
             why, sev, code = dev_note, "error", "missing-blocks"
@@ -1028,6 +1043,9 @@ class _Context:
             un = (self.m_join == 0) & (self.m_host < 0)
             amb_ev = sum(r["unattributed_events"] for r in self.regions if r["reason"] == "deficit")
             self.ordered_unplaced = int(un.sum()) - amb_ev
+        # events counted neither in a launch nor in an ambiguous run: blocks no host launch accounts for
+        in_runs = sum(r["unattributed_events"] for r in getattr(self, "regions", []))
+        self.unattributed = int((self.m_host < 0).sum()) - in_runs
 
     def _region_finding(self, r: dict) -> None:
         hs = r["hosts"]
@@ -1050,12 +1068,19 @@ class _Context:
         sev = "error"
         self.add(sev, "missing-blocks" if d_ > 0 else ("extra-blocks" if d_ < 0 else "ordered-ambiguous"),
                  f"ordered join: {what}: {r['expected_blocks']:,} expected blocks, {r['device_events']:,} device "
-                 f"events, {abs(d_):,} {'missing' if d_ >= 0 else 'extra'}; the device reported "
-                 f"{self.device_drops:,} drops, so the ordered join cannot tell which of these launches "
+                 f"events, {abs(d_):,} {'missing' if d_ >= 0 else 'extra'}; {self._loss()}, "
+                 f"so the ordered join cannot tell which of these launches "
                  f"{'lost' if d_ >= 0 else 'gained'} them ({r['unattributed_events']:,} events unattributed)",
                  kind=self._kind_name(first), index=int(self.h_index[first]))
 
     # --- device side per graph exec: records per (replay, node), timing --------------------------------------
+
+    def _loss(self) -> str:
+        """Why device events may be missing anywhere: dropped by the device, lost when the file was cut short."""
+        dropped, lost = self.device_drops - self.device_lost, self.device_lost
+        parts = ([f"the device dropped {_n(dropped, 'event')}"] if dropped else []) + (
+            [f"{_n(lost, 'device event')} lost to truncation"] if lost else [])
+        return " and ".join(parts) or "0 device events dropped or lost"
 
     def _graph_device(self) -> None:
         self.ev_ordinal = self.m_ordinal
@@ -1129,24 +1154,21 @@ class _Context:
         nH = self.n_host
         graph = self.h_kind == GRAPH_NODE
         live = ~self.h_dup
-        ev_graph = int((self.m_kind == GRAPH_NODE).sum())
+        ev_graph = int((self.m_kind == GRAPH_NODE).sum()) + self.extra_replay_events
         ev_eager = int((self.m_kind == EAGER).sum())
         n_ev = len(self.ev_idx)
         records = int(graph.sum())
         exp_exec = int((graph & live).sum())  # distinct (graph exec, replay, node) launches
         exp_blocks = int(self.h_exp_eff[graph].sum())  # the blocks their grids predict
-        drops = self.device_drops + self.host_drops
-        agree = records == exp_exec and exp_blocks == ev_graph and drops == 0
-
-        def eq(a, b):
-            return "=" if a == b else "!="
-
-        dn = f"{drops:,} drop" + ("" if drops == 1 else "s")
-        if drops:
-            dn += f" (device {self.device_drops:,}, host {self.host_drops:,})"
-        blocks = "" if exp_blocks == exp_exec else f" ({exp_blocks:,} blocks)"
-        line = (f"{records:,} graph-node records {eq(records, exp_exec)} {exp_exec:,} expected executions{blocks} "
-                f"{eq(exp_blocks, ev_graph)} {ev_graph:,} device events, {dn}")
+        drops = self.device_drops + self.host_drops - self.device_lost - self.host_lost
+        counts = {"lost_records": self.device_lost + self.host_lost, "graph_node_records": records, "expected_executions": exp_exec, "expected_blocks": exp_blocks,
+                  "device_events": ev_graph, "drops": drops,
+                  "eager_expected_blocks": int(self.h_exp_eff[~graph].sum()), "eager_events": ev_eager,
+                  "unattributed": int(self.unattributed - self.extra_replay_events),
+                  "device_drops": self.device_drops - self.device_lost, "host_drops": self.host_drops - self.host_lost}
+        if not _counts_agree(counts) and not self.mismatches:
+            self.add("error", "counts-differ", f"the counts do not agree ({_agreement_line(counts, {})}) and no "
+                     "launch explains it", listed=False)
         exp_total = int(self.h_exp_eff.sum())
         in_region = getattr(self, "h_in_region", np.zeros(nH, bool))
         missing_total = int(self.h_missing.sum()) + sum(
@@ -1184,9 +1206,7 @@ class _Context:
             "device_id": int(self.dev),
             "join": self.mode,
             "join_note": self.join_note,
-            "agreement": {"graph_node_records": records, "expected_executions": exp_exec,
-                          "expected_blocks": exp_blocks, "device_events": ev_graph,
-                          "drops": drops, "agree": bool(agree), "line": line},
+            "agreement": _verdict(counts, self.mismatches),
             "device": {"events": int(len(self.ev_all)), "block_enter_events": n_ev,
                        "other_events": self.other_events, "matched": int((self.m_host >= 0).sum()),
                        "replay_only": int(((self.m_host < 0) & (self.m_join != 0)).sum()),
@@ -1196,7 +1216,7 @@ class _Context:
                      "graph_uploads_ignored": self.uploads_ignored, "duplicate_records": int(self.h_dup.sum()),
                      "drops": {"graph_node": self.drops["graph_node"], "eager_launch": self.drops["eager_launch"]}},
             "blocks": {"expected": exp_total, "recorded": int(n_ev),
-                       "missing": missing_total, "extra": extra_total,
+                       "missing": missing_total, "extra": extra_total + self.unattributed,
                        "launches_with_missing": int((self.h_missing > 0).sum()),
                        "launches_with_extra": int((self.h_extra > 0).sum()),
                        "late_start_blocks": int(self.coverage_late), "first_missing": first_missing},
@@ -1245,6 +1265,69 @@ class _Context:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# the verdict: computed once per context; the agreement line, the JSON and the exit status all come from it
+
+
+def _counts_agree(c: dict) -> bool:
+    return (c["graph_node_records"] == c["expected_executions"] and c["expected_blocks"] == c["device_events"]
+            and c["drops"] == 0 and c["lost_records"] == 0)
+
+
+def _dropped(dd: dict) -> str:
+    """'12' (dropped by the producer), or '0, 69,243 lost to truncation' for a salvaged, cut-short file."""
+    n = dd["effective"] - dd["lost_records"]
+    return f"{n:,}" + (f", {dd['lost_records']:,} lost to truncation" if dd["lost_records"] else "")
+
+
+def _agreement_line(c: dict, mismatches: dict) -> str:
+    """'280 graph-node records = 280 expected executions = 280 device events, 0 drops'; when those agree but the
+    context does not, what else differs (eager launches, events no launch accounts for) and the finding codes."""
+    def eq(a, b):
+        return "=" if a == b else "!="
+
+    records, exp_exec, exp_blocks, ev = (c["graph_node_records"], c["expected_executions"], c["expected_blocks"],
+                                         c["device_events"])
+    drops = c["drops"]
+    dn = f"{drops:,} drop" + ("" if drops == 1 else "s")
+    if drops:
+        dn += f" (device {c['device_drops']:,}, host {c['host_drops']:,})"
+    if c["lost_records"]:
+        dn += f", {_n(c['lost_records'], 'record')} lost to truncation"
+    blocks = "" if exp_blocks == exp_exec else f" ({exp_blocks:,} blocks)"
+    line = (f"{records:,} graph-node records {eq(records, exp_exec)} {exp_exec:,} expected executions{blocks} "
+            f"{eq(exp_blocks, ev)} {ev:,} device events, {dn}")
+    if not mismatches or not _counts_agree(c):  # a "!=" or a drop already says it
+        return line
+    if c["eager_expected_blocks"] != c["eager_events"]:
+        line += (f"; eager launches: {c['eager_expected_blocks']:,} expected blocks != {c['eager_events']:,} "
+                 "device events")
+    if c["unattributed"] > 0:
+        line += f"; {_n(c['unattributed'], 'device event')} no host launch accounts for"
+    return line + f"; does not agree: {', '.join(sorted(mismatches))}"
+
+
+def _verdict(c: dict, mismatches: dict) -> dict:
+    """The context's verdict. ``agree``: every count equal, 0 drops and no mismatch finding (one that is an error
+    unless --relaxed: when the counts differ, a finding says why, so agree is false exactly when the exit status is
+    1, --relaxed aside). ``ReconcileResult.ok`` (the exit status) and the status line follow from the same
+    findings."""
+    return {"graph_node_records": c["graph_node_records"], "expected_executions": c["expected_executions"],
+            "expected_blocks": c["expected_blocks"], "device_events": c["device_events"], "drops": c["drops"],
+            "lost_records": c["lost_records"], "agree": not mismatches, "line": _agreement_line(c, mismatches)}
+
+
+def status_line(results) -> str:
+    """The last line of ``kvconv reconcile``: ok / ok (--relaxed: ...) / FAILED (...), from the contexts' verdicts."""
+    errors = sum(1 for r in results for f in r.findings if f.severity == "error")
+    if errors or not all(r.ok for r in results):
+        return f"FAILED ({_n(errors, 'error finding')})"
+    relaxed = sum(r.mismatches for r in results)
+    if relaxed:
+        return f"ok (--relaxed: {_n(relaxed, 'mismatch')} reported as warnings; the counts do not agree)"
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # text
 
 
@@ -1257,11 +1340,10 @@ def _context_lines(path: str, c: dict) -> list[str]:
     hd = h["drops"]
     out.append(f"  host: {h['eager_launches']:,} eager launches + {h['graph_node_records']:,} graph-node records"
                + (f" ({h['graph_uploads_ignored']:,} graph uploads ignored)" if h["graph_uploads_ignored"] else "")
-               + f"; drops: graph_node {hd['graph_node']['effective']:,}, eager_launch "
-               f"{hd['eager_launch']['effective']:,}")
+               + f"; drops: graph_node {_dropped(hd['graph_node'])}, eager_launch {_dropped(hd['eager_launch'])}")
     ro = f"{dv['replay_only']:,} to a replay or window only, " if dv["replay_only"] else ""
     out.append(f"  device: {dv['block_enter_events']:,} block events ({dv['matched']:,} matched to a launch, {ro}"
-               f"{dv['unmatched']:,} unmatched); drops {dv['drops']['effective']:,}")
+               f"{dv['unmatched']:,} unmatched); drops {_dropped(dv['drops'])}")
     out.append(f"  blocks: {b['expected']:,} expected from launch geometry, {b['recorded']:,} recorded, "
                f"{b['missing']:,} missing, {b['extra']:,} extra")
     fm = b.get("first_missing")

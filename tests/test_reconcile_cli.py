@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import pytest
 
 from conftest import run_cli
 from kvconv import layout
@@ -52,14 +53,15 @@ def test_json_follows_schema(tmp_path):
     v = jsonschema.Draft202012Validator(layout.load_json_schema("reconcile.schema.json"))
     r = run_cli("reconcile", "--json", "--join", "ordered", _dump(tmp_path, "multistream"))
     assert r.returncode == 0
-    obj = json.loads(r.stdout)
+    obj = json.loads(r.stdout)["dumps"][0]["result"]  # the --json envelope (schemas/cli.schema.json)
     v.validate(obj)
     assert obj["contexts"][0]["join"] == "ordered"
     assert [f["code"] for f in obj["findings"]] == ["ordered-ambiguous"]
     r2 = run_cli("reconcile", "--json", _dump(tmp_path, "clean-exact"), _dump(tmp_path, "fault-extra-replay"))
     assert r2.returncode == 1
     obj2 = json.loads(r2.stdout)
-    v.validate(obj2)
+    for d in obj2["dumps"]:
+        v.validate(d["result"])
     assert obj2["ok"] is False and [d["ok"] for d in obj2["dumps"]] == [True, False]
 
 
@@ -78,3 +80,75 @@ def test_qwen_text():
 def test_help_is_light():
     r = run_cli("reconcile", "--help")
     assert r.returncode == 0 and "--join" in r.stdout
+
+
+# --- one verdict: the headline, the blocks line, the JSON and the exit status agree with each other -----------------
+
+_RUNS = ([(name, ()) for name in sorted(synth.CASES)]
+         + [(name, ("--relaxed",)) for name in ("fault-extra-replay", "fault-extra-block", "fault-node-missing")]
+         + [(name, ("--join", "ordered")) for name in ("multistream", "fault-extra-block", "fault-extra-replay")]
+         + [("clean-ordered", ("--join", "exact"))])
+
+
+def _verdicts(tmp_path, name, *args):
+    p = _dump(tmp_path, name)
+    text = run_cli("reconcile", *args, p)
+    js = run_cli("reconcile", "--json", *args, p)
+    obj = json.loads(js.stdout)
+    if "result" in obj.get("dumps", [{}])[0]:  # the command envelope (docs/CLI.md): one dump's report
+        obj = obj["dumps"][0]["result"]
+    return text, js, obj
+
+
+@pytest.mark.parametrize("name,args", _RUNS)
+def test_every_verdict_agrees(tmp_path, name, args):
+    text, js, obj = _verdicts(tmp_path, name, *args)
+    assert text.returncode == js.returncode and text.returncode in (0, 1), text.stderr
+    assert obj["ok"] is (js.returncode == 0)
+    assert text.stdout.rstrip().splitlines()[-1].startswith("ok" if obj["ok"] else "FAILED")
+    agree = all(c["agreement"]["agree"] for c in obj["contexts"])
+    errors_unless_relaxed = [f for f in obj["findings"] if f["severity"] == "error"
+                             or ("--relaxed" in args and f["severity"] == "warning"
+                                 and f["code"] not in ("coverage-late", "ordered-ambiguous", "gridid-missing",
+                                                       "node-order-changed", "replay-ids-gap", "no-host-records",
+                                                       "drop-counters-differ", "reconcile-metadata"))]
+    assert agree is (not errors_unless_relaxed), (agree, errors_unless_relaxed)
+    if "--relaxed" not in args:
+        assert agree is obj["ok"]
+    elif not agree:
+        assert "--relaxed" in text.stdout.rstrip().splitlines()[-1]
+    for c in obj["contexts"]:
+        ag, b = c["agreement"], c["blocks"]
+        line = ag["line"]
+        assert line in text.stdout
+        reads_agreeing = "!=" not in line and " 0 drops" in line and "does not agree" not in line
+        assert reads_agreeing is ag["agree"], line
+        if not c["ambiguous_runs"]:  # without ambiguous runs every block is accounted for exactly once
+            assert b["expected"] - b["missing"] + b["extra"] == b["recorded"], b
+        assert f"{b['recorded']:,} recorded, {b['missing']:,} missing, {b['extra']:,} extra" in text.stdout
+
+
+def test_extra_replay_is_not_called_agreeing(tmp_path):
+    """Issue 12: FAILED while agreement.agree was true and the headline said 15 = 15 = 15 device events, 0 drops;
+    blocks said 32 recorded of 27 expected with 0 extra."""
+    text, js, obj = _verdicts(tmp_path, "fault-extra-replay")
+    assert text.returncode == 1 and obj["ok"] is False
+    c = obj["contexts"][0]
+    assert c["agreement"]["agree"] is False
+    assert c["agreement"]["device_events"] == 20  # the 5 events of the replay the host never saw are graph events
+    assert "15 graph-node records = 15 expected executions != 20 device events, 0 drops" in text.stdout
+    assert "27 expected from launch geometry, 32 recorded, 0 missing, 5 extra" in text.stdout
+
+
+def test_extra_block_headline_says_it_disagrees(tmp_path):
+    text, js, obj = _verdicts(tmp_path, "fault-extra-block")
+    assert text.returncode == 1 and obj["contexts"][0]["agreement"]["agree"] is False
+    assert ("15 graph-node records = 15 expected executions = 15 device events, 0 drops; eager launches: 12 expected "
+            "blocks != 13 device events; does not agree: extra-blocks") in text.stdout
+
+
+def test_relaxed_ok_says_the_counts_do_not_agree(tmp_path):
+    text, js, obj = _verdicts(tmp_path, "fault-extra-replay", "--relaxed")
+    assert text.returncode == 0 and obj["ok"] is True and obj["contexts"][0]["agreement"]["agree"] is False
+    assert text.stdout.rstrip().splitlines()[-1] == (
+        "ok (--relaxed: 1 mismatch reported as warnings; the counts do not agree)")
