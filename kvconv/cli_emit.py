@@ -42,8 +42,11 @@ def _report(res, quiet: bool) -> None:
     if len(res.alignment) > 1 and all(a["pairs"] for a in res.alignment):
         worst = sorted((a["bound_ns"] for a in res.alignment), reverse=True)[:2]
         err(f"between two contexts: error bound ±{sum(worst) / 1000:.2f} µs")
-    sys.stdout.write(f"wrote {res.output}: {res.contexts} context(s), {res.written_events:,} device events, "
-                     f"{res.host_records:,} host records, {res.flows:,} flows, {res.bytes_written:,} bytes\n")
+    # with -o - the output itself is on stdout: the summary goes to stderr
+    where = "stdout" if res.output == "-" else res.output
+    (sys.stderr if res.output == "-" else sys.stdout).write(
+        f"wrote {where}: {res.contexts} context(s), {res.written_events:,} device events, "
+        f"{res.host_records:,} host records, {res.flows:,} flows, {res.bytes_written:,} bytes\n")
 
 
 _WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
@@ -57,6 +60,9 @@ _PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar
                          "every 2 s (KVCONV_PROGRESS_INTERVAL seconds); -q turns it off")
 _SALVAGE = typer.Option(False, "--salvage", help="convert a dump cut short up to its last whole record (warns)")
 _QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
+_FORCE = typer.Option(False, "--force", "--force-overwrite",
+                      help="replace an existing output (without it an existing file is kept, and a folder is replaced "
+                           "only when it is kvconv's own earlier output of the same command)")
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
 
 
@@ -64,7 +70,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def perfetto(
         dumps: List[Path] = _DUMPS,
-        out: Path = typer.Option(..., "-o", "--out", help="output .pftrace"),
+        out: str = typer.Option(..., "-o", "--out", help="output .pftrace (- for stdout)"),
         window: Optional[str] = _WINDOW,
         replays: Optional[str] = _REPLAYS,
         flows: int = _FLOWS,
@@ -72,6 +78,7 @@ def register(app: typer.Typer) -> None:
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
         salvage: bool = _SALVAGE,
+        force: bool = _FORCE,
         quiet: bool = _QUIET,
     ) -> None:
         """Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.
@@ -82,13 +89,13 @@ def register(app: typer.Typer) -> None:
 
         res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
                                                            False if quiet else progress,
-                                                           salvage=salvage))
+                                                           salvage=salvage, force=force))
         _report(res, quiet)
 
     @app.command()
     def chrome(
         dumps: List[Path] = _DUMPS,
-        out: Path = typer.Option(..., "-o", "--out", help="output .json"),
+        out: str = typer.Option(..., "-o", "--out", help="output .json (- for stdout)"),
         window: Optional[str] = _WINDOW,
         replays: Optional[str] = _REPLAYS,
         flows: int = _FLOWS,
@@ -96,6 +103,7 @@ def register(app: typer.Typer) -> None:
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
         salvage: bool = _SALVAGE,
+        force: bool = _FORCE,
         quiet: bool = _QUIET,
     ) -> None:
         """Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.
@@ -106,19 +114,20 @@ def register(app: typer.Typer) -> None:
 
         res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
                                                            False if quiet else progress,
-                                                           salvage=salvage))
+                                                           salvage=salvage, force=force))
         _report(res, quiet)
 
     @app.command()
     def arrow(
         dumps: List[Path] = _DUMPS,
-        out: Path = typer.Option(..., "-o", "--out", help="output folder (a partitioned dataset)"),
+        out: str = typer.Option(..., "-o", "--out", help="output folder (a partitioned dataset)"),
         fmt: str = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet"),
         compression: str = typer.Option("none", "--compression", help="none, lz4 or zstd"),
         reconcile: str = _RECONCILE,
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
         salvage: bool = _SALVAGE,
+        force: bool = _FORCE,
         quiet: bool = _QUIET,
     ) -> None:
         """Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and
@@ -129,7 +138,7 @@ def register(app: typer.Typer) -> None:
         from .emit.arrow import write_arrow
 
         opts = _options(None, None, 0, reconcile, chunk, False if quiet else progress, arrow_format=fmt,
-                        salvage=salvage,
+                        salvage=salvage, force=force,
                         compression=None if compression == "none" else compression)
         res = write_arrow(dumps, out, options=opts)
         _report(res, quiet)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli
 from kvconv import dump
-from kvconv.atomic import atomic_output, check_not_input
+from kvconv.atomic import MARKER, atomic_output, check_not_input
 from kvconv.errors import OutputError
 
 SMALL = FIXTURES / "bad" / "valid-small.kvdump"
@@ -51,12 +51,16 @@ def test_atomic_file_success_and_failure(tmp_path):
     target = tmp_path / "out.bin"
     target.write_bytes(b"old")
     with pytest.raises(RuntimeError):
-        with atomic_output(target) as tmp:
+        with atomic_output(target, force=True) as tmp:
             tmp.write_bytes(b"half-written")
             raise RuntimeError("the writer failed")
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]  # no temporary left
-    with atomic_output(target) as tmp:
+    with pytest.raises(OutputError) as e:  # an existing file is kept unless forced
+        with atomic_output(target):
+            pass
+    assert e.value.code == "output-exists" and target.read_bytes() == b"old"
+    with atomic_output(target, force=True) as tmp:
         assert tmp.parent == tmp_path and tmp.name.startswith(".out.bin.tmp-")
         tmp.write_bytes(b"new")
         assert target.read_bytes() == b"old"  # nothing visible until the rename
@@ -69,14 +73,21 @@ def test_atomic_folder_success_and_failure(tmp_path):
     target.mkdir()
     (target / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
-        with atomic_output(target, directory=True) as tmp:
+        with atomic_output(target, directory=True, force=True) as tmp:
             (tmp / "part.arrow").write_text("half")
             raise RuntimeError("the writer failed")
     assert sorted(os.listdir(target)) == ["old.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tables"]
-    with atomic_output(target, directory=True) as tmp:
+    with pytest.raises(OutputError) as e:  # not kvconv's own folder: kept unless forced
+        with atomic_output(target, directory=True):
+            pass
+    assert e.value.code == "output-exists" and sorted(os.listdir(target)) == ["old.txt"]
+    with atomic_output(target, directory=True, force=True) as tmp:
         (tmp / "new.txt").write_text("new")
-    assert sorted(os.listdir(target)) == ["new.txt"]
+    assert sorted(os.listdir(target)) == [MARKER, "new.txt"]
+    with atomic_output(target, directory=True) as tmp:  # its own output of the same kind: replaced
+        (tmp / "newer.txt").write_text("newer")
+    assert sorted(os.listdir(target)) == [MARKER, "newer.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tables"]
 
 
@@ -153,7 +164,7 @@ def test_emitter_failure_leaves_nothing_and_keeps_an_old_output(emitter, tmp_pat
     r = run_cli(emitter, SMALL, "-o", out)
     assert r.returncode == 0, r.stderr
     before = _tree(outdir)
-    r = run_cli(emitter, bad, "-o", out)
+    r = run_cli(emitter, bad, "-o", out, "--force")
     assert r.returncode == 2
     assert _tree(outdir) == before
 
@@ -170,8 +181,10 @@ def test_emitter_bytes_are_deterministic(emitter, tmp_path):
     assert run_cli(emitter, src, "-o", b / name).returncode == 0
     ta, tb = _tree(a / name), _tree(b / name)
     assert ta and ta == tb
-    # Run again over the first output: replaced by identical bytes, nothing else left in the folder.
-    assert run_cli(emitter, src, "-o", a / name).returncode == 0
+    # Run again over the first output: replaced by identical bytes, nothing else left in the folder (a file needs
+    # --force; a folder is kvconv's own earlier output, replaced without it).
+    force = ["--force"] if emitter != "arrow" else []
+    assert run_cli(emitter, src, "-o", a / name, *force).returncode == 0
     assert _tree(a / name) == ta and sorted(os.listdir(a)) == [name]
 
 
@@ -213,3 +226,103 @@ def test_emitter_on_a_full_disk_says_so_and_leaves_nothing(emitter, tmp_path):
                        "another -o path)\n"
     assert os.listdir(tmp_path) == []
     assert hashlib.sha256(src.read_bytes()).hexdigest() == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 12: nothing of the user's is replaced; every -o spelling is a clear error or does what it says
+
+
+def _one_error(r, code: int = 1) -> None:
+    assert r.returncode == code, r
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_arrow_keeps_a_users_folder_and_replaces_only_its_own(tmp_path):
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "notes.txt").write_text("x")
+    r = run_cli("arrow", SMALL, "-o", res)
+    _one_error(r)
+    assert "--force" in r.stderr
+    assert _tree(res) == {"notes.txt": hashlib.sha256(b"x").hexdigest()}
+    assert sorted(os.listdir(tmp_path)) == ["res"]  # no temporary left beside it
+    # kvconv's own earlier output of the same command is replaced; a file the user added inside it is not lost
+    tables = tmp_path / "tables"
+    assert run_cli("arrow", SMALL, "-o", tables).returncode == 0
+    assert (tables / MARKER).is_file()
+    assert run_cli("arrow", SMALL, "-o", tables, "--format", "parquet").returncode == 0
+    assert any(p.suffix == ".parquet" for p in tables.rglob("*"))
+    (tables / "matches" / "mine.txt").write_text("mine")
+    before = _tree(tables)
+    _one_error(run_cli("arrow", SMALL, "-o", tables))
+    assert _tree(tables) == before
+    # --force (and nsys's --force-overwrite) replace it
+    for flag in ("--force", "--force-overwrite"):
+        (res / "notes.txt").write_text("x")
+        assert run_cli("arrow", SMALL, "-o", res, flag).returncode == 0
+        assert not (res / "notes.txt").exists() and (res / "device_event").is_dir()
+
+
+@pytest.mark.parametrize("emitter", ["perfetto", "chrome"])
+def test_single_file_output_is_kept_unless_forced(emitter, tmp_path):
+    out = tmp_path / EMITTERS[emitter]
+    out.write_bytes(b"mine")
+    _one_error(run_cli(emitter, SMALL, "-o", out))
+    assert out.read_bytes() == b"mine" and os.listdir(tmp_path) == [out.name]
+    for flag in ("--force", "--force-overwrite"):
+        out.write_bytes(b"mine")
+        assert run_cli(emitter, SMALL, "-o", out, flag).returncode == 0
+        assert out.read_bytes() != b"mine"
+
+
+@pytest.mark.parametrize("emitter", ["perfetto", "chrome"])
+def test_single_file_output_spellings(emitter, tmp_path):
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    r = run_cli(emitter, SMALL, "-o", folder)  # an existing folder: was an internal IsADirectoryError, exit 3
+    _one_error(r)
+    assert "folder" in r.stderr and os.listdir(folder) == []
+    r = run_cli(emitter, SMALL, "-o", "bdir/", cwd=tmp_path)  # a trailing slash: was a file named bdir
+    _one_error(r)
+    assert sorted(os.listdir(tmp_path)) == ["adir"]
+    # -o -: the output on stdout and nothing else there (was a file named "-")
+    ref = tmp_path / "ref"
+    assert run_cli(emitter, SMALL, "-o", ref).returncode == 0
+    p = _run_bytes(emitter, SMALL, "-o", "-", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == ref.read_bytes()
+    assert b"wrote stdout" in p.stderr
+    assert sorted(os.listdir(tmp_path)) == ["adir", "ref"]
+    if emitter == "chrome":
+        import json
+
+        assert json.loads(p.stdout)["traceEvents"]
+
+
+def _run_bytes(*args, cwd):
+    """The CLI with binary stdout."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("KVCONV_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "kvconv", *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          timeout=300)
+
+
+def test_arrow_output_spellings(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    inp = tmp_path / "run.kvdump"
+    shutil.copy(SMALL, inp)
+    (work / "keep.txt").write_text("k")
+    before = _tree(tmp_path)
+    for out in (".", "..", "-"):  # was: Errno 16 Device or resource busy and a ..old-* folder left behind
+        _one_error(run_cli("arrow", inp, "-o", out, cwd=work))
+        assert _tree(tmp_path) == before and sorted(os.listdir(work)) == ["keep.txt"]
+    # a trailing slash on a folder output is fine
+    assert run_cli("arrow", inp, "-o", "tables/", cwd=work).returncode == 0
+    assert (work / "tables" / "device_event").is_dir()

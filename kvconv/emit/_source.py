@@ -70,6 +70,7 @@ class EmitOptions:
     arrow_format: str = "arrow"
     compression: str | None = None
     salvage: bool = False
+    force: bool = False  # replace an existing output (kvconv.atomic.check_output says what is never replaced)
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
@@ -598,12 +599,12 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
     a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
 
     Yields ``(res, warn, paths, ctxs, bar)``; the caller writes, then sets ``res.bytes_written``."""
-    from ..atomic import check_not_input
+    from ..atomic import check_output
 
     res = EmitResult(output=str(out))
     warn = warn or res.warnings.append
     paths = [str(p) for p in paths]
-    check_not_input(out, paths)
+    check_output(out, inputs=paths, directory=name == "arrow", kind=name, force=options.force)  # before any work
     dumps, ctxs = open_contexts(paths, options, warn, res.timings)
     try:
         total = sum(c.n_events for c in ctxs)
@@ -696,7 +697,7 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
         res = None
         if use:
             try:
-                res = rec.reconcile(d, options=rec.ReconcileOptions(relaxed=True))
+                res = rec.reconcile(d, options=rec.ReconcileOptions())  # not relaxed: .ok is the verdict to report
             except Exception as e:  # noqa: BLE001 - fall back to the streaming join, and say so
                 warn(f"{cs[0].label}: reconcile failed ({e}); using exact gridid joins only")
                 res = None

@@ -100,6 +100,8 @@ def _columns(recs: np.ndarray) -> dict[str, np.ndarray]:
 def _schema(pa, dtype: np.dtype, extra: list, meta: dict):
     fields = [pa.field("context_id", pa.uint32())]
     for name in dtype.names:
+        if name == "context_id":  # the matches layout has its own: one column of a name (readers refuse two)
+            continue
         fields.append(pa.field(name, pa.from_numpy_dtype(dtype.fields[name][0].newbyteorder("="))))
     fields += extra
     return pa.schema(fields, metadata=meta)
@@ -137,11 +139,13 @@ class _Sink:
 def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write the tables of the dumps ``paths`` under the folder ``out`` (atomically: a temporary folder renamed)."""
     from ..atomic import atomic_output
+    from ._verdict import warn_reconcile
 
     pa = _pa()
     ext = "parquet" if options.arrow_format == "parquet" else "arrow"
     with emit_run(paths, out, options, warn, "arrow", passes=1) as (res, warn, paths, ctxs, bar):
-        with atomic_output(out, inputs=paths, directory=True) as tmp:
+        warn_reconcile(ctxs, options, warn)
+        with atomic_output(out, inputs=paths, directory=True, kind="arrow", force=options.force) as tmp:
             for c in ctxs:
                 _write_context(pa, c, Path(tmp), ext, options, bar, res)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())

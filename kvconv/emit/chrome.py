@@ -14,7 +14,7 @@ import json
 import numpy as np
 
 from . import _text as t
-from ._source import SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id, out_size
+from ._source import SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id
 from .perfetto import _Plan, _short
 
 EST_EVENT_BYTES = 130
@@ -149,7 +149,7 @@ class _Chrome:
             parts += t.render_parts([
                 t.lit(b',\n{"ph":"C","pid":%d,"ts":' % self.pid), t.ts_us(c.clock.to_host(ts)),
                 t.lit(',"name":"block events per ms","args":{"events":'), t.uint(vals), t.lit("}}")], len(ts))
-        if agg.t0 is not None:
+        if agg.t0 is not None and agg.t1 is not None:  # t1 None: a --window that keeps no event
             ts = c.clock.to_host(np.array([agg.t0, agg.t1], np.uint64))
             parts += t.render_parts([
                 t.lit(b',\n{"ph":"C","pid":%d,"ts":' % self.pid), t.ts_us(ts),
@@ -201,9 +201,12 @@ class _Chrome:
 def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write a Chrome JSON trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
     from ..atomic import atomic_output
+    from ._verdict import warn_empty, warn_reconcile
 
     with emit_run(paths, out, options, warn, "chrome", passes=2) as (res, warn, paths, ctxs, bar):
         aggs = [first_pass(c, options, bar) for c in ctxs]
+        warn_empty(ctxs, aggs, options, warn)
+        warn_reconcile(ctxs, options, warn)
         est = sum(a.kept * EST_EVENT_BYTES + c.host.n * 200 for c, a in zip(ctxs, aggs))
         if est > options.ui_limit_bytes:
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
@@ -215,7 +218,8 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
         head = {"displayTimeUnit": "ns", "otherData": other}
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
-        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as raw, BackgroundWriter(raw) as f:
+        with atomic_output(out, inputs=paths, kind="chrome", force=options.force) as tmp, open(tmp, "r+b") as raw, \
+                BackgroundWriter(raw) as f:
             f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
             f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
             for ch in plans:
@@ -232,8 +236,9 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                 res.host_records += len(ch.pl.host_rows)
                 res.join.append(ch.c.join)
             f.write(b"\n]}\n")
+            f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
+            res.bytes_written = raw.tell()
         res.alignment = [_align(c) for c in ctxs]
-    res.bytes_written = out_size(out)
     return res
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import OutputError
 from . import _wire as w
 from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
-                      first_pass, flow_id, out_size, unique_pairs)
+                      first_pass, flow_id, unique_pairs)
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
@@ -460,7 +460,7 @@ class _Plan:
             ts = np.minimum(agg.rate_ms, np.uint64((2**64 - 1) // 1_000_000)) * np.uint64(1_000_000)
             vals = agg.rate_vals.astype(np.uint64)
             parts += self._counter(ts, vals, u.rate, self.dev_seq)
-        if agg.t0 is not None:
+        if agg.t0 is not None and agg.t1 is not None:  # t1 None: a --window that keeps no event
             ts = np.array([agg.t0, agg.t1], np.uint64)
             parts += self._counter(ts, np.array([0, c.device_drops], np.uint64), u.drops, self.dev_seq)
         h = c.host
@@ -522,10 +522,13 @@ def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
 def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write a Perfetto trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
     from ..atomic import atomic_output
+    from ._verdict import warn_empty, warn_reconcile
 
     with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
         pb = _pb()
         aggs = [first_pass(c, options, bar) for c in ctxs]
+        warn_empty(ctxs, aggs, options, warn)
+        warn_reconcile(ctxs, options, warn)
         est = estimate_bytes(ctxs, aggs, options)
         if est > options.ui_limit_bytes:
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
@@ -534,7 +537,8 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
-        with atomic_output(out, inputs=paths) as tmp, open(tmp, "r+b") as raw, BackgroundWriter(raw) as f:
+        with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
+                BackgroundWriter(raw) as f:
             for pl in plans:
                 for b in pl.descriptors(pb):
                     f.write(b)
@@ -558,7 +562,8 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                 res.host_records += len(pl.host_rows)
                 res.alignment.append(_align(c))
                 res.join.append(c.join)
-    res.bytes_written = out_size(out)
+            f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
+            res.bytes_written = raw.tell()
     return res
 
 
