@@ -326,3 +326,61 @@ def test_arrow_output_spellings(tmp_path):
     # a trailing slash on a folder output is fine
     assert run_cli("arrow", inp, "-o", "tables/", cwd=work).returncode == 0
     assert (work / "tables" / "device_event").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 12: an empty or suspect result is said on stderr
+
+
+@pytest.mark.parametrize("emitter", ["perfetto", "chrome"])
+def test_a_filter_keeping_nothing_warns(emitter, tmp_path):
+    src = FIXTURES / "h200-single" / "single.kvdump"  # 1,760 device events of graph replays 1..7
+    for i, (flag, value, says) in enumerate([("--replays", "100:200", "graph replays in the input: 1..7"),
+                                            ("--window", "5000:6000", "they span 0..")]):
+        r = run_cli(emitter, src, "-o", tmp_path / f"{i}.out", flag, value, "-q")
+        assert r.returncode == 0, r.stderr
+        warn = [ln for ln in r.stderr.splitlines() if ln.startswith(f"Warning: {flag} {value} keeps none")]
+        assert len(warn) == 1 and "1,760 device events" in warn[0] and says in warn[0], r.stderr
+    r = run_cli(emitter, src, "-o", tmp_path / "some.out", "--replays", "2:3", "-q")
+    assert r.returncode == 0 and "keeps none" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("emitter", sorted(EMITTERS))
+def test_a_dump_reconcile_fails_on_says_so(emitter, tmp_path):
+    sr = FIXTURES / "synthetic-reconcile"
+    # fault-dropped-event: the exact join matches every event (no reconcile ran before); fault-extra-replay:
+    # unmatched events, the emitters' join is kvconv reconcile's
+    for name, code in (("fault-dropped-event", "missing-blocks"), ("fault-extra-replay", "extra-replay")):
+        r = run_cli(emitter, sr / f"{name}.kvdump", "-o", tmp_path / f"{name}.{emitter}", "-q")
+        assert r.returncode == 0, r.stderr
+        line = [ln for ln in r.stderr.splitlines() if "kvconv reconcile FAILED" in ln]
+        assert len(line) == 1 and line[0].startswith("Warning: ") and code in line[0], r.stderr
+    for src in (sr / "clean-exact.kvdump", FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"):  # qwen: coverage late, ok
+        r = run_cli(emitter, src, "-o", tmp_path / f"{src.stem}.{emitter}", "-q")
+        assert r.returncode == 0 and "FAILED" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 12: block exits are not durations, and nothing says they are
+
+
+def test_chrome_names_block_exits_apart_and_no_doc_claims_durations(tmp_path):
+    import json
+
+    src = FIXTURES / "h200-enter-exit" / "enter-exit.kvdump"  # 1,760 blocks, each with an enter and an exit event
+    out = tmp_path / "ee.json"
+    r = run_cli("chrome", src, "-o", out, "-q")
+    assert r.returncode == 0, r.stderr
+    blocks = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "block"]
+    names = {}
+    for e in blocks:
+        names[e["name"]] = names.get(e["name"], 0) + 1
+    assert names == {"reshape_and_cache_flash_kernel": 1760, "reshape_and_cache_flash_kernel (block exit)": 1760}
+    assert all(e["dur"] == 0 for e in blocks)  # what the docs now say: instants, not durations
+    from conftest import ROOT
+
+    texts = [p.read_text() for p in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md",
+                                     FIXTURES / "h200-enter-exit" / "README.md"]]
+    texts.append(run_cli("record", "--help").stdout)
+    for t in texts:
+        assert "exit gives durations" not in t and "kept for durations" not in t

@@ -5,6 +5,11 @@ The trace-event format has one time base, so device %globaltimer times are place
 timeline through the dump's own clock-sync pairs (the nearest earlier pair: host_i + (gpu - gpu_i), the rule
 trace_processor applies to clock snapshots); durations are measured in the device clock alone. The subset written is
 described by ``schemas/chrome.schema.json``.
+
+Device blocks are zero-length events (``"dur":0``) on their SM's track, named after their kernel: one per block
+entry and, when the dump holds block exits (``kvconv record --events enter,exit``), one per exit named
+``<kernel> (block exit)``. Entries and exits are not paired into block durations; node and replay slices run from
+their first to their last block entry.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ import json
 
 import numpy as np
 
+from .. import layout
 from . import _text as t
 from ._source import SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id
 from .perfetto import _Plan, _short
 
 EST_EVENT_BYTES = 130
+BLOCK_EXIT = layout.ENUMS["event_kind"]["block_exit"]
+EXIT_SUFFIX = " (block exit)"  # the name of a block-exit event: its kernel's, with this
 LINES = SLICE  # device events rendered at a time
 
 
@@ -176,11 +184,17 @@ class _Chrome:
         tid = recs["smid"].astype(np.int64) + int(self.tid(pl.u.sm(0)))
         slot = recs["kernel_slot"]
         kmin, kmax = int(slot.min()), int(slot.max())
-        if kmin == kmax:
-            nid, strings = np.zeros(n, np.int64), [_j(_short(c.kernel_name(kmin)))]
+        ex = recs["kind"] == BLOCK_EXIT
+        if not ex.any():
+            if kmin == kmax:
+                nid, strings = np.zeros(n, np.int64), [_j(_short(c.kernel_name(kmin)))]
+            else:
+                us, nid = np.unique(slot, return_inverse=True)
+                strings = [_j(_short(c.kernel_name(s))) for s in us.tolist()]
         else:
-            us, nid = np.unique(slot, return_inverse=True)
-            strings = [_j(_short(c.kernel_name(s))) for s in us.tolist()]
+            # block-exit events are instants like the entries (no durations are paired yet): named apart
+            us, nid = np.unique(slot.astype(np.int64) * 2 + ex, return_inverse=True)
+            strings = [_j(_short(c.kernel_name(k >> 1)) + (EXIT_SUFFIX if k & 1 else "")) for k in us.tolist()]
         parts = t.render_parts([
             t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(ts),
             t.lit(',"dur":0,"name":'), t.choice(nid.reshape(-1), strings), t.lit(',"cat":"block","args":{"block":['),

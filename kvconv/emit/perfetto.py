@@ -6,7 +6,8 @@ Track tree, per context of every dump (its own group, named after GPU, context a
       graph exec 0x...            replays (device clock), nodes (device clock, one slice per node execution,
                                   extra lanes only where executions overlap), host node launches (CLOCK_MONOTONIC)
       eager launches · stream 0x..  (CLOCK_MONOTONIC)
-      device blocks / SM n        block-entry instants (device clock): instants never overlap
+      device blocks / SM n        block instants (device clock): instants never overlap; block-exit events, when
+                                  recorded, are instants too, under the same kernel name (not paired into durations)
       block events per ms, dropped device events   counters
       canary                      per step and buffer (CLOCK_MONOTONIC)
 
@@ -477,7 +478,8 @@ class _Plan:
         return parts
 
     def device_packets(self, first: int, recs: np.ndarray) -> tuple[list, int, int]:
-        """The block-entry instants of one chunk: (buffers, events written, flows ended).
+        """The block instants (entries, and exits when recorded) of one chunk: (buffers, events written, flows
+        ended).
 
         The chunk is encoded in cache-sized slices; the slices' layout groups are merged back into the order one
         encoding of the whole chunk gives (see :func:`_wire.encode_groups`)."""
