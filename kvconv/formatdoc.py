@@ -32,15 +32,75 @@ Producers write each file atomically (temporary name, then rename), record their
 record they could not store in `drop_count`, and put run metadata (JSON, `schemas/metadata.schema.json`) in a
 `metadata` group. Counters in metadata are integers: an empty string is an error, not a zero.
 
-Time: `device_event.globaltimer` is raw GPU `%globaltimer` ns; host records carry `CLOCK_MONOTONIC` ns. The two
-are related only through `clock_sync` pairs (each a host bracket around one device read, with its half-width as
-`uncertainty_ns`), never by subtracting one from the other. The header's `clock_domain` names the domain of a
-group's timestamps.
+Device events: the tracer writes one `block_enter` event per CUDA block, from one elected thread as the block starts,
+and, when recorded with `kvconv record --events enter,exit` (`KVCONV_EVENTS`), one `block_exit` event per block as
+it ends, in the same buffer (both kinds take sequence numbers). `mem_write` is reserved: no producer writes it yet.
+Reconciliation, the joins and the replay timing below use `block_enter` events only; a reader must skip the other
+kinds there, not count them as blocks.
 
-Joining host and device: a device event with `flags.has_gridid` carries `%gridid`, equal to the host record's
-`grid_id` (a graph node keeps its grid id in every replay); with `flags.has_tag` it carries the per-replay tag
-the host record also holds, so (gridid, tag) names (node, replay) without any assumption about order. Events
-without them can only be joined in sequence order (single stream).
+## Time
+
+`device_event.globaltimer` is raw GPU `%globaltimer` ns; host records carry `CLOCK_MONOTONIC` ns. The two are
+related only through `clock_sync` pairs (each a host bracket around one device read: `host_ns` is the bracket's
+midpoint, `uncertainty_ns` its half-width), never by subtracting one from the other. The header's `clock_domain`
+names the domain of a group's timestamps.
+
+Mapping (what kvconv's outputs do, and what Perfetto's trace processor does with the clock snapshots it is given):
+**piecewise constant, no interpolation**. Sort a context's pairs by `gpu_ns`; a device time `t` maps to
+`host_ns[i] + (t - gpu_ns[i])` where pair `i` is the last one with `gpu_ns[i] <= t`, or the first pair for a time
+before it. The reverse (host to device) is the same with the roles swapped (pairs sorted by `host_ns`). No drift is
+corrected between pairs: the error bound kvconv reports is the largest `uncertainty_ns` plus the largest drift
+between neighbouring pairs, `max |(host_ns[i+1] - host_ns[i]) - (gpu_ns[i+1] - gpu_ns[i])|`. A context without
+pairs keeps raw `%globaltimer` times (and is reported as not aligned). Pairs must not go backwards in either clock.
+
+## Joining host and device
+
+Host records: both `eager_launch` and `graph_node` records of a context; `graph_node` records flagged
+`graph_upload` are not launches and are ignored. Each launch is expected to produce `grid_x * grid_y * grid_z`
+`block_enter` events.
+
+A **duplicated host record** repeats an earlier one: a `graph_node` record with the same (`graph_exec`, `launch_id`,
+`node`) as an earlier record, or an `eager_launch` record with the same nonzero `grid_id` (grid ids are unique per
+eager launch). The earliest record (lowest record index) is the launch; each repeat is reported
+(`duplicate-host-record`, an error), expects no blocks, matches no device event, and takes no part in either join.
+
+**Exact join.** A device event with `flags.has_gridid` carries `%gridid`, equal to the host record's `grid_id` (a
+graph node keeps its grid id in every replay); with `flags.has_tag` it carries the per-replay tag the host record
+also holds (`launch_flags.has_tag`), so (gridid, tag) names (node, replay) without any assumption about order. An
+event whose (gridid, tag) names no host record is unmatched (`unmatched-device-event`, `host-record-missing`,
+`extra-replay`).
+
+**Sequence-order join**, for events without `has_gridid` (one stream assumed):
+- Events: the `block_enter` events in `sequence` order. An event's position is its `sequence` minus the number of
+  events of other kinds with a lower `sequence`, so a sequence gap is a lost event at a known place; `T` = last
+  position + 1.
+- Launches: the host records (duplicates excluded) ordered by `host_ns`; records with equal `host_ns` keep the
+  order eager_launch records first, then graph_node records, each by record index. Launch `k` owns the block slots
+  `[C[k-1], C[k])` where `C` is the running sum of expected blocks; `E` = the total.
+- Segmentation: the event at position `p` belongs to the launch owning slot `p + s`, for an offset `s`. Device
+  drops `N` = the larger of the groups' `drop_count` and the metadata counter, plus records lost to truncation
+  (`--salvage`). With `D = E - T` and `N = 0`, `s = D`: the missing blocks are the first `D` slots, so the first
+  launches in host order get no events (the last of them possibly only its first blocks). Coverage starts late
+  (kernels are patched at module load, so launches before it are not seen) and never stops early; these launches
+  are reported as `coverage-late` (a warning; an error with `--strict-coverage`), any other deficit as
+  `missing-blocks`. With `N > 0`, `s` can be anything in `[max(0, D - N), D]`: an event is assigned to a
+  launch only when every such `s` gives the same launch; the others are reported as one ambiguous run of launches
+  with its deficit (`ordered-ambiguous`). With more events than blocks (`D < 0`) and no drops, the surplus events
+  are found as the first that do not fit the launch the forward placement gives them (another kernel slot, a
+  blockIdx outside the grid, a blockIdx seen twice) and reported as `extra-blocks`.
+- Neighbouring launches on different streams (or the nodes of one graph replay that spans streams) form a window:
+  its events are attributed to the window (its replay, when all its launches share one) but to no launch or node.
+
+## Replay timing
+
+Per graph executable, from device `%globaltimer` of `block_enter` events only (block_exit events never enter it),
+replays in `launch_id` order:
+- a node's start in a replay is the earliest `block_enter` of its blocks in that replay;
+- a replay's **span** is its last node start minus its first node start (first to last node's first block entry);
+  when no event of the replay is attributed to a node, its last block entry minus its first;
+- the **gap** after a replay is the next replay's first block entry minus this replay's last block entry (any block
+  of any node).
+Host times (`CLOCK_MONOTONIC`) are reported in their own domain and never subtracted from device times.
 """
 
 
@@ -115,7 +175,117 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-_DOCS = {"format": lambda: render(), "findings": lambda: render_findings()}
+OUTPUTS_INTRO = """# kvconv outputs: trace tracks and tables
+
+Generated by `python -m kvconv.formatdoc outputs` (the tables from the Arrow schemas of a real conversion of
+fixtures/h200-enter-exit and fixtures/canary-clean); do not edit by hand.
+
+## Perfetto (`kvconv perfetto`) and Chrome JSON (`kvconv chrome`) tracks
+
+One track group (Perfetto) or process (Chrome `pid`) per context of every dump, named
+`GPU <device> · ctx <context> · <file>` (Perfetto adds the clock alignment's error bound). Inside it:
+
+| Perfetto track | Chrome thread (`tid`) | clock | events |
+| --- | --- | --- | --- |
+| `graph exec 0x…` › `replays` | `graph exec 0x… · replays` | device | one slice per replay, first to last block entry (`args.replay`); extra lanes `replays (2)`... only where replays overlap |
+| `graph exec 0x…` › `nodes` | `graph exec 0x… · nodes` | device | one slice per node execution in a replay, first to last block entry (`args.replay`, `args.blocks`); extra lanes `nodes (2)`... only where executions overlap |
+| `graph exec 0x…` › `host node launches` | `graph exec 0x… · host node launches` | host | one zero-length slice per graph_node record (replay, node, grid_id, blocks_predicted, blocks_recorded) |
+| `eager launches · stream 0x…` | `eager launches · stream 0x…` | host | one zero-length slice per eager_launch record (grid_id, blocks_predicted, blocks_recorded) |
+| `device blocks` › `SM <n>` | `SM <n>` | device | one instant (Chrome: `dur` 0, `cat` block) per block event, named after its kernel; a block exit, when recorded, is its own instant, not paired with its entry (Chrome: `args.block`, `args.seq`) |
+| `block events per ms` | counter `block events per ms` | device | block events in each millisecond |
+| `dropped device events` | counter `dropped device events` | device | the device drop count (0 at the start, the total at the end) |
+| `dropped host records` | - | host | the host drop count (Perfetto only) |
+| `canary` | `canary` | host | one slice per canary step and buffer: ok, or the unexpected / missing pages |
+| - | thread 0 | host | `clock sync` instants, one per clock-sync pair (`args.gpu_ns`, `args.uncertainty_ns`) |
+
+Flows (`launch`): from each host launch record to up to `--flows` of its device blocks (Chrome: `s` / `f` events,
+`cat` flow). Device times: Perfetto keeps them in their own clock (a custom clock per context) and gives the
+clock-sync pairs as ClockSnapshots; Chrome has one time base, so device times are mapped onto the host
+`CLOCK_MONOTONIC` timeline by the piecewise-constant rule in docs/FORMAT.md. `ts` in Chrome is in microseconds.
+
+## Arrow / Parquet tables (`kvconv arrow`)
+
+A Hive-partitioned dataset: `OUT/<table>/run=<dump file stem>/device=<device id>/part-ctx<context>.arrow` (or
+`.parquet` with `--format parquet`), so `pyarrow.dataset(OUT/<table>, partitioning="hive")`, polars and DuckDB read
+every dump as one table; `run` and `device` come from the path. Every file's schema metadata holds the dump format
+version, the table name, the run metadata and the clock alignment of its context. Record columns have the meaning
+of the same field in docs/FORMAT.md.
+"""
+
+TABLES = {  # what each table is; a new table must be described here (render_outputs fails otherwise)
+    "device_event": "one row per device event (layout `device_event`)",
+    "graph_node": "one row per graph_node host record (layout `host_launch`)",
+    "eager_launch": "one row per eager_launch host record (layout `host_launch`)",
+    "kernel": "the kernel table, with the names resolved",
+    "clock_sync": "the clock-sync pairs",
+    "canary": "one row per canary record (step, buffer), with the buffer name resolved",
+    "canary_pages": "the page lists canary records point into",
+    "metadata": "the run metadata",
+    "strings": "the string blob",
+    "matches": "one row per device event: the host record it joins (kvconv reconcile's matches)",
+}
+COLUMNS = {  # columns that are not a layout field
+    "context_id": "CUDA context (index within the process) of the record",
+    "run": "partition: the dump file's name without its suffix",
+    "device": "partition: CUDA device ordinal",
+    "name": "function name (from the strings group)",
+    "module": "module name (from the strings group)",
+    "buffer": "buffer name (from the strings group)",
+    "json": "the metadata group's JSON text",
+    "blob": "the strings group's bytes",
+    "device_index": "row of the device event in device_event (same run, device, context_id)",
+    "host_kind": "record kind of the host record: 6 graph_node, 7 eager_launch, 0 none",
+    "host_index": "row of the host record in graph_node or eager_launch (-1 if unmatched)",
+    "replay": "graph replay (launch_id; 0 for eager)",
+    "node_ordinal": "node's position in its replay (-1 eager or unknown)",
+    "join": "how it was joined: 1 exact, 2 ordered, 0 none",
+    "join_name": "the same as text: exact, ordered, none",
+}
+_FIXTURES = ("h200-enter-exit/enter-exit.kvdump", "canary-clean/canary-clean.kvdump")
+
+
+def _arrow_schemas() -> dict:
+    """The schema of every table of a real conversion (read back as a hive dataset)."""
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow.dataset as ds
+
+    from .emit import write_arrow
+
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "tables"
+        write_arrow([str(root / f) for f in _FIXTURES], str(out), warn=lambda *a, **k: None)
+        return {t.name: ds.dataset(t, format="ipc", partitioning="hive").schema
+                for t in sorted(out.iterdir()) if t.is_dir()}
+
+
+def render_outputs() -> str:
+    out = [OUTPUTS_INTRO]
+    for table, schema in _arrow_schemas().items():
+        if table not in TABLES:
+            raise AssertionError(f"describe the Arrow table {table!r} in kvconv/formatdoc.py TABLES")
+        kind = layout.KINDS.get(table)
+        lay = layout.LAYOUTS[kind.layout] if kind and kind.layout else None
+        names = {x.name for x in lay.fields} if lay else set()
+        out.append(f"### `{table}`: {TABLES[table]}\n")
+        out.append("| column | type | meaning |")
+        out.append("| --- | --- | --- |")
+        for f in schema:
+            if f.name in COLUMNS:
+                doc = COLUMNS[f.name]
+            elif f.name in names:
+                fl = lay.field(f.name)
+                doc = fl.doc + (f" (enum `{fl.enum}`)" if fl.enum else (f" (bits `{fl.bits}`)" if fl.bits else ""))
+            else:
+                raise AssertionError(f"describe the Arrow column {table}.{f.name} in kvconv/formatdoc.py COLUMNS")
+            out.append(f"| `{f.name}` | {_cell(str(f.type))} | {_cell(doc.strip())} |")
+        out.append("")
+    return "\n".join(out)
+
+
+_DOCS = {"format": lambda: render(), "findings": lambda: render_findings(), "outputs": lambda: render_outputs()}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -68,3 +68,44 @@ def test_format_doc_is_current():
 
     assert (ROOT / "docs/FORMAT.md").read_text() == formatdoc.render(), (
         "docs/FORMAT.md is stale: run python -m kvconv.formatdoc > docs/FORMAT.md")
+
+
+def test_format_doc_specifies_what_a_decoder_needs():
+    """Read alone, docs/FORMAT.md settles the join, the kinds, the clock mapping, timing and duplicates."""
+    doc = (ROOT / "docs/FORMAT.md").read_text()
+    row = doc.split("## Record kinds")[1].split("| 5 |")[1].split("\n")[0]  # device_event
+    assert "block exit" not in row.replace("(block_exit) when recorded", "") and "(block_exit) when recorded" in row
+    for phrase in ("`block_exit` event per block", "`mem_write` is reserved", "**piecewise constant, no interpolation**",
+                   "the last one with `gpu_ns[i] <= t`, or the first pair", "**Sequence-order join**",
+                   "the first launches in host order get no events", "`coverage-late`", "[max(0, D - N), D]",
+                   "**duplicated host record**", "takes no part in either join", "a replay's **span**",
+                   "the **gap** after a replay", "`block_enter` events only"):
+        assert phrase in " ".join(doc.split()), phrase
+
+
+def test_clock_mapping_is_the_documented_piecewise_constant_one(tmp_path):
+    """Two clock-sync pairs whose offsets differ by 50 us: an event between them maps through the earlier pair
+    (no interpolation), one after the last through the last, as docs/FORMAT.md says (Chrome JSON, a reader we do
+    not control, shows the times)."""
+    import json
+
+    import synth
+    from conftest import run_cli
+
+    parts = synth.small_parts()
+    cs = parts["clock_sync"]
+    cs["gpu_ns"][1] += 50_000
+    dump = tmp_path / "two-offsets.kvdump"
+    synth.write_parts(dump, parts)
+    r = run_cli("chrome", dump, "-o", tmp_path / "t.json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    blocks = {e["args"]["seq"]: e["ts"] for e in (doc["traceEvents"] if isinstance(doc, dict) else doc)
+              if e.get("cat") == "block"}
+    ev = parts["device_event"]
+    h0, g0, h1, g1 = (int(cs["host_ns"][0]), int(cs["gpu_ns"][0]), int(cs["host_ns"][1]), int(cs["gpu_ns"][1]))
+    for i in range(len(ev)):
+        t = int(ev["globaltimer"][i])
+        host = (h0 + t - g0) if t < g1 else (h1 + t - g1)
+        assert blocks[int(ev["sequence"][i])] == pytest.approx(host / 1e3, abs=1e-3), i
+    assert g0 < int(ev["globaltimer"][7]) < g1  # one event between the pairs, mapped with the first pair's offset
