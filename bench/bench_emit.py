@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_emit.py                 # 1,048,576 device events + 65,536 host records
     .venv/bin/python bench/bench_emit.py --rss 10        # also peak RSS of each emitter on a generated 10 GiB dump
     .venv/bin/python bench/bench_emit.py --baseline-events 131072
+    .venv/bin/python bench/bench_emit.py --one-core      # pinned to one CPU: the single-threaded figures
 
 Baselines (perfetto's TraceProtoBuilder with one TracePacket per device event; ``json.dump`` of one dict per device
 event) run on the first ``--baseline-events`` events and are scaled to events/s; their output is checked to decode
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from _timing import best, timed  # noqa: E402
+from _timing import best, quietness, timed  # noqa: E402
 from kvconv import dump  # noqa: E402
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto  # noqa: E402
 
@@ -101,6 +102,7 @@ def main() -> None:
     ap.add_argument("--rss", type=float, default=0, help="GiB of a generated dump for the peak-RSS runs (0: skip)")
     ap.add_argument("--rss-only", action="store_true", help="skip the ratio runs")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary folder beside the repo)")
+    ap.add_argument("--one-core", action="store_true", help="pin this process (baselines and ours) to one CPU")
     ap.add_argument("--child", nargs=3, metavar=("EMITTER", "DUMP", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -112,12 +114,39 @@ def main() -> None:
         print(json.dumps({"s": t, "events": r.written_events, "bytes": r.bytes_written, "maxrss_kib": hwm,
                           "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
         return
+    if a.one_core:
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        print(f"pinned to CPU {cpu}: single-threaded figures (worker threads share the one core)")
+    print(protobuf_line())
+    print(quietness("start"))
     scratch = Path(a.dir or tempfile.mkdtemp(prefix="kvconv-bench-", dir=str(_out())))
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         run(a, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        print(quietness("end"))
+
+
+def protobuf_line() -> str:
+    """The protobuf runtime the TraceProtoBuilder baseline runs on: its speed differs by backend (upb, cpp,
+    python), so every run says which."""
+    import google.protobuf
+    from google.protobuf.internal import api_implementation
+
+    import perfetto
+
+    pv = getattr(perfetto, "__version__", None)
+    if pv is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            pv = version("perfetto")
+        except PackageNotFoundError:
+            pv = "?"
+    return (f"protobuf {google.protobuf.__version__} ({api_implementation.Type()} backend), perfetto {pv}, "
+            f"Python {sys.version.split()[0]}")
 
 
 def encode_only_perfetto(src: Path, reps: int):
