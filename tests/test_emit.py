@@ -256,7 +256,7 @@ def test_perfetto_replays_and_window(tmp_path):
     out = tmp_path / "w.pftrace"
     res = write_perfetto(PAIR[:1], out, options=EmitOptions(replays=(2, 3)))
     assert res.written_events == 80 and res.host_records == 80
-    res = write_perfetto(PAIR[:1], out, options=EmitOptions(window_ms=(0, 1)))
+    res = write_perfetto(PAIR[:1], tmp_path / "w2.pftrace", options=EmitOptions(window_ms=(0, 1)))
     assert 0 < res.written_events < 344
 
 
