@@ -38,6 +38,10 @@ from .findings import Finding
 
 H = layout.HEADER_DTYPE
 _HDR = layout.LAYOUTS["header"]
+LIVE = layout.ENUMS["header_flags"]["live"]
+# A live group's header (written in place by a running producer) is checksummed with these fields as 0: they are
+# the only ones that change, each with one 8-byte store, so the header checks at every instant.
+_LIVE_VOLATILE = [(_HDR.field(f).offset, _HDR.field(f).size) for f in ("record_count", "drop_count", "payload_crc32")]
 DEFAULT_CHUNK = 1 << 20  # records per chunk when walking large groups
 
 _DEFAULT_CLOCK = {
@@ -77,6 +81,12 @@ class Group:
     lost_records: int = 0  # records the header promised that a cut-short file no longer holds (salvage)
 
     @property
+    def live(self) -> bool:
+        """Written in place by a producer that never finished the dump: the header's record_count is what it had
+        published, its drop_count what may be missing, and the payload has no checksum."""
+        return bool(int(self.header["flags"]) & LIVE)
+
+    @property
     def kind_name(self) -> str:
         return self.kind.name if self.kind else f"unknown({int(self.header['record_kind'])})"
 
@@ -109,6 +119,8 @@ class Group:
         return memoryview(self.records.view(np.uint8).reshape(-1)) if len(self.records) else memoryview(b"")
 
     def crc_ok(self) -> bool:
+        if self.live:
+            return True  # a live group's payload_crc32 is 0: not computed while the producer ran
         crc = 0
         step = 64 << 20
         buf = self.payload_bytes()
@@ -307,7 +319,7 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
                                   pos + _HDR.field("major").offset, "header.major", group=index,
                                   code="unsupported-version", hint="upgrade kvconv"))
             break
-        hcrc = zlib.crc32(bytes(buf[pos : pos + 60]))
+        hcrc = _header_crc(bytes(buf[pos : pos + 60]), live=bool(int(hdr["flags"]) & LIVE))
         if hcrc != int(hdr["header_crc32"]):
             problem("error", _err(FormatError, f"header checksum {int(hdr['header_crc32']):#010x} does not match "
                                   f"{hcrc:#010x}", path, pos + _HDR.field("header_crc32").offset,
@@ -333,6 +345,12 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
             break
         nbytes = count * rsize
         lost = 0
+        live = bool(int(hdr["flags"]) & LIVE)
+        if live and not any(p.code == "unfinished" for p in probs):
+            problem("warning", _err(FormatError, "written live by a producer that did not finish (it died or was "
+                                    "killed): each group holds what it had published; header.drop_count counts "
+                                    "records possibly lost", path, pos + _HDR.field("flags").offset, "header.flags",
+                                    group=index, code="unfinished"))
         if nbytes > left:
             whole = left // rsize if rsize else 0
             # More than the whole file: a damaged count, unless the producer's capacity vouches for it (a big
@@ -390,9 +408,20 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
             d.groups.append(g)
         if lost:
             break  # the file ends inside this group: what follows is the cut-off rest of a record
-        pos = payload + layout.padded(nbytes)
+        # A live group reserves `capacity` records; the space past its published ones may not exist on disk yet.
+        pos = payload + layout.padded(max(nbytes, int(hdr["capacity"]) * rsize if live else 0))
         index += 1
     return d
+
+
+def _header_crc(head: bytes, *, live: bool) -> int:
+    if live:
+        b = bytearray(head)
+        for off, n in _LIVE_VOLATILE:
+            if off < len(b):
+                b[off : off + n] = bytes(n)
+        head = bytes(b)
+    return zlib.crc32(head)
 
 
 def open(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Dump:  # noqa: A001 - paired with new()

@@ -50,6 +50,8 @@
 #define KVCONV_CANARY_FLAGS_SNAPSHOT_CLONE 1
 #define KVCONV_CANARY_FLAGS_SNAPSHOT_CHECKSUM 2
 
+#define KVCONV_HEADER_FLAGS_LIVE 1
+
 /* 64-byte header in front of every record group */
 typedef struct kvconv_header_t {
   uint8_t magic[8]; /* KVCDUMP\0 */
@@ -58,7 +60,7 @@ typedef struct kvconv_header_t {
   uint16_t record_kind; /* record_kinds id; unknown kinds are skipped with a warning */
   uint16_t header_size; /* always 64 in v1 */
   uint32_t record_size; /* bytes per record; must equal the kind's record_size */
-  uint32_t flags; /* reserved, 0 */
+  uint32_t flags; /* 0 in a finished dump; live: written in place by a running producer (the group reserves capacity records; header_crc32 taken with record_count, drop_count and payload_crc32 as 0; payload_crc32 is 0; drop_count counts records possibly lost) */
   uint64_t record_count; /* records in the payload that follows */
   uint64_t capacity; /* producer buffer capacity in records (0 = unbounded) */
   uint64_t drop_count; /* records the producer could not store (overflow) */

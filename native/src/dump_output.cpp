@@ -1,0 +1,207 @@
+// What the tracer writes: the run metadata (built with kvconv::JsonWriter) and the finished dump, compacted from the
+// live file's groups (tmp + rename over it, so the path holds a valid dump at every instant).
+#include <unistd.h>
+
+#include <cstring>
+
+#include "json_writer.h"
+#include "tracer.h"
+
+namespace kvtr {
+
+static void write_config(kvconv::JsonWriter& j) {
+  j.kv("tool", "kvconv-tracer").kv("tool_version", KVCONV_VERSION);
+  j.kv("producer", "native/libkvconv_tracer.so (Compute Sanitizer injection)");
+}
+
+static void write_run(kvconv::JsonWriter& j) {
+  j.strings("command", g_cmdline);
+  j.kv("pid", g_pid).kv("hostname", g_hostname).kv("started_at", g_started_at).kv("reconstructed", false);
+}
+
+static void write_settings(kvconv::JsonWriter& j) {
+  j.strings("target_kernels", g_cfg.patterns);
+  j.kv("device_events_capacity", g_cfg.dev_cap).kv("host_table_capacity", g_cfg.host_cap);
+  std::vector<std::string> kinds;
+  if (g_cfg.enter) kinds.push_back("block_enter");
+  if (g_cfg.exit) kinds.push_back("block_exit");
+  j.strings("event_kinds", kinds);
+  j.key("tag").begin_object().kv("source", "graph launch id").kv("bits", g_cfg.tag ? KVCONV_TAG_BITS : 0).end_object();
+  j.kv("clock_sync_period_ms", g_cfg.sync_ms);
+  j.kv("callbacks", std::string(g_cfg.whole_domains ? "domains" : "minimal") +
+                        (g_cfg.graph_callbacks ? "" : ",no-graph-nodes"));
+}
+
+// The metadata of the live file: what is known at start. Counters are the group headers' (record_count,
+// drop_count), kept current while the process runs; `written_at: live` says the process never finished the dump.
+std::string live_metadata_json() {
+  kvconv::JsonWriter j;
+  j.begin_object();
+  write_config(j);
+  write_run(j);
+  j.kv("written_at", "live");
+  write_settings(j);
+  j.key("live").begin_object().kv("flush_ms", g_cfg.flush_ms).end_object();
+  j.end_object();
+  return j.str();
+}
+
+struct Totals {
+  uint64_t dev_drops = 0, gdrops = 0, edrops = 0, launches = 0, uploads = 0, patched = 0, late = 0, fdata = 0;
+  uint64_t unwritten = 0, capfilt = 0, ldata = 0, syncfail = 0, unreadable = 0;
+};
+
+static Totals totals(const std::vector<Ctx*>& cs) {
+  Totals t;
+  for (auto* c : cs) {
+    t.dev_drops += c->dev_state_read ? c->dev_drops : c->live.device_event.drops();
+    t.gdrops += c->live.graph_node.drops();
+    t.edrops += c->live.eager_launch.drops();
+    t.launches += c->target_launches.load();
+    t.uploads += c->uploads_filtered.load();
+    t.patched += c->modules_patched.load();
+    t.late += c->late_patched_modules.load();
+    t.fdata += c->functions_given_data.load();
+    t.unwritten += c->dev_lost_unwritten;
+    t.capfilt += c->captured_launches_filtered.load();
+    t.ldata += c->launch_data_set.load();
+    t.syncfail += c->sync_failures;
+    t.unreadable += c->state_dev && !c->dev_state_read;
+  }
+  return t;
+}
+
+static void write_counters(kvconv::JsonWriter& j, const Totals& t) {
+  j.key("counters").begin_object();
+  j.kv("fatal_count", 0).kv("device_event_drops", t.dev_drops).kv("graph_node_table_drops", t.gdrops);
+  j.kv("eager_table_drops", t.edrops).kv("sanitizer_errors", g_sanitizer_errors.load());
+  j.kv("target_launches", t.launches).kv("graph_uploads_filtered", t.uploads);
+  j.kv("captured_launches_filtered", t.capfilt).kv("modules_patched", t.patched);
+  j.kv("late_patched_modules", t.late).kv("functions_given_data", t.fdata).kv("launch_data_set", t.ldata);
+  j.kv("device_events_unwritten", t.unwritten).kv("clock_sync_failures", t.syncfail);
+  // contexts whose device state could not be read at the end (a sticky CUDA error): their device_event drop count
+  // is the launched blocks not in the file, an upper bound, not an exact count
+  if (t.unreadable) j.kv("device_state_unreadable", t.unreadable);
+  j.end_object();
+}
+
+static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason) {
+  int drv = 0;
+  if (g_drv.driverGetVersion) g_drv.driverGetVersion(&drv);
+  kvconv::JsonWriter j;
+  j.begin_object();
+  write_config(j);
+  if (!cs.empty()) j.kv("gpu", gpu_name(cs[0]->device));
+  j.kv("cuda", "driver API " + std::to_string(drv / 1000) + "." + std::to_string((drv % 1000) / 10));
+  write_run(j);
+  j.kv("written_at", reason);
+  write_settings(j);
+  write_counters(j, totals(cs));
+  j.key("contexts").begin_array();
+  for (Ctx* c : cs) {
+    j.begin_object().kv("context_id", c->index).kv("device_id", c->device);
+    j.kv("device_events", c->live.device_event.count()).kv("device_slots_reserved", c->dev_next);
+    j.kv("graph_node_records", c->live.graph_node.count()).kv("eager_launch_records", c->live.eager_launch.count());
+    j.kv("clock_sync_pairs", static_cast<uint64_t>(c->syncs.size())).end_object();
+  }
+  j.end_array().end_object();
+  return j.str();
+}
+
+static void write_kernels(kvconv::DumpWriter& w, const Ctx* c, kvconv::GroupSpec g) {
+  std::string strings;
+  std::vector<kvconv_kernel_t> ks;
+  for (auto& k : c->kernels) {
+    kvconv_kernel_t r;
+    std::memset(&r, 0, sizeof r);
+    r.slot = k.slot;
+    r.flags = 1;
+    r.module_id = k.module;
+    r.name_off = static_cast<uint32_t>(strings.size());
+    r.name_len = static_cast<uint32_t>(k.name.size());
+    strings += k.name;
+    const std::string mod = module_name(k.module);
+    r.module_off = static_cast<uint32_t>(strings.size());
+    r.module_len = static_cast<uint32_t>(mod.size());
+    strings += mod;
+    ks.push_back(r);
+  }
+  w.add_bytes(KVCONV_KIND_STRINGS, strings, g.context_id, g.device_id);
+  g.kind = KVCONV_KIND_KERNEL;
+  g.record_size = sizeof(kvconv_kernel_t);
+  g.record_count = ks.size();
+  w.add_group(g, ks.data());
+}
+
+// A live group's published records as a finished group.
+static void write_live(kvconv::DumpWriter& w, kvconv::GroupSpec g, const kvconv::LiveGroup& lg) {
+  g.record_count = lg.count();
+  g.drop_count = lg.drops();
+  w.add_group(g, g.record_count ? lg.at(0) : nullptr);
+}
+
+static void write_context(kvconv::DumpWriter& w, Ctx* c) {
+  kvconv::GroupSpec g;
+  g.context_id = c->index;
+  g.device_id = static_cast<uint16_t>(c->device);
+  write_kernels(w, c, g);
+  std::vector<kvconv_clock_sync_t> syncs;
+  {
+    std::lock_guard<std::mutex> lk(c->sync_mu);
+    syncs = c->syncs;
+  }
+  g.kind = KVCONV_KIND_CLOCK_SYNC;
+  g.record_size = sizeof(kvconv_clock_sync_t);
+  g.record_count = syncs.size();
+  w.add_group(g, syncs.data());
+  g.kind = KVCONV_KIND_DEVICE_EVENT;
+  g.record_size = sizeof(kvconv_device_event_t);
+  g.capacity = g_cfg.dev_cap;
+  g.clock_domain = KVCONV_CLOCK_DOMAIN_GPU_GLOBALTIMER;
+  write_live(w, g, c->live.device_event);
+  g.kind = KVCONV_KIND_GRAPH_NODE;
+  g.record_size = sizeof(kvconv_host_launch_t);
+  g.capacity = g_cfg.host_cap;
+  g.clock_domain = KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC;
+  write_live(w, g, c->live.graph_node);
+  g.kind = KVCONV_KIND_EAGER_LAUNCH;
+  write_live(w, g, c->live.eager_launch);
+}
+
+bool write_finished(const std::string& path, const std::vector<Ctx*>& cs, const char* reason) {
+  kvconv::DumpWriter w(path);
+  const uint32_t ctx0 = cs.empty() ? 0 : cs[0]->index;
+  const uint16_t dev0 = cs.empty() ? 0 : static_cast<uint16_t>(cs[0]->device);
+  w.add_bytes(KVCONV_KIND_METADATA, metadata_json(cs, reason), ctx0, dev0);
+  for (Ctx* c : cs) write_context(w, c);
+  if (!w.commit()) {
+    logf(0, "error: cannot write %s: %s (the live dump stays there)", path.c_str(), w.error().c_str());
+    return false;
+  }
+  for (Ctx* c : cs) {
+    logf(0, "wrote %s: context %u, %llu device events (drops %llu), %llu graph-node and %llu eager records "
+            "(drops %llu, %llu), %zu clock-sync pairs, %llu sanitizer errors [%s]",
+         path.c_str(), c->index, (unsigned long long)c->live.device_event.count(),
+         (unsigned long long)c->live.device_event.drops(), (unsigned long long)c->live.graph_node.count(),
+         (unsigned long long)c->live.eager_launch.count(), (unsigned long long)c->live.graph_node.drops(),
+         (unsigned long long)c->live.eager_launch.drops(), c->syncs.size(),
+         (unsigned long long)g_sanitizer_errors.load(), reason);
+  }
+  return true;
+}
+
+static bool has_content(const Ctx* c) {
+  return c->finished && (c->state_dev || !c->kernels.empty() || c->live.graph_node.count() ||
+                         c->live.eager_launch.count());
+}
+
+void write_all(const char* reason) {
+  const std::vector<Ctx*> cs = contexts_where(has_content);
+  if (per_context_files()) {
+    for (auto* c : cs) write_finished(kvconv::expand_path(g_cfg.output, g_pid, static_cast<int>(c->index)), {c}, reason);
+  } else {
+    write_finished(kvconv::expand_path(g_cfg.output, g_pid, 0), cs, reason);
+  }
+}
+
+}  // namespace kvtr

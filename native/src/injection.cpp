@@ -1,0 +1,221 @@
+// The injection entry point (CUDA_INJECTION64_PATH=libkvconv_tracer.so) and the callback dispatch.
+//
+// Records, per CUDA context:
+//   - device side: one 64-byte event per block of every target kernel (device patch patch.cu, block enter/exit),
+//     %gridid plus a per-replay tag delivered through per-launch callback data;
+//   - host side: graph kernel-node launches of target kernels (graph uploads filtered out), eager launches of
+//     target kernels, the kernel table, clock-sync pairs (CLOCK_MONOTONIC bracket around a %globaltimer read);
+// into a kvconv dump (schemas/layouts.json) that is valid on disk from start-up on (live_file.h) and finished at
+// context teardown or process exit (exit_paths.cpp). Configuration (environment): config.cpp, docs/TRACER.md.
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "tracer.h"
+
+namespace kvtr {
+
+static bool g_enabled = false;
+static Sanitizer_SubscriberHandle g_sub = nullptr;
+
+static void on_module_loaded(const Sanitizer_ResourceModuleData* md) {
+  Ctx* c = get_ctx(md->context);
+  bool has = cubin_has_target(md->pCubin, md->cubinSize);
+  bool did = false;
+  {
+    std::lock_guard<std::mutex> lk(c->mu);
+    if (has) did = patch_module(c, md->module);
+  }
+  if (did) kick_sync();
+}
+
+static bool stream_capturing(CUstream s) {
+  if (!g_drv.streamIsCapturing) return false;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (g_drv.streamIsCapturing(s, &st) != CUDA_SUCCESS) return false;
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static void on_launch(const Sanitizer_LaunchData* ld) {
+  Ctx* c = get_ctx(ld->context);
+  uint32_t slot = classify(c, ld->function, ld->functionName, ld->module, true);
+  if (!slot) return;
+  if (stream_capturing(ld->apiStream ? ld->apiStream : ld->stream)) {
+    c->captured_launches_filtered.fetch_add(1);  // becomes a graph node; recorded when a replay runs it
+    return;
+  }
+  c->target_launches.fetch_add(1, std::memory_order_relaxed);
+  kvconv_host_launch_t r = host_record(*ld, slot);
+  r.flags = KVCONV_LAUNCH_FLAGS_EAGER;
+  append_eager(c, r);
+}
+
+static void on_graph_node(const Sanitizer_GraphNodeLaunchData* nd) {
+  if (nd->nodeType != CU_GRAPH_NODE_TYPE_KERNEL) return;
+  const Sanitizer_LaunchData& ld = nd->launchData;
+  Ctx* c = get_ctx(ld.context);
+  uint32_t slot = classify(c, ld.function, ld.functionName, ld.module, !nd->isGraphUpload);
+  if (!slot) return;
+  if (nd->isGraphUpload) {
+    c->uploads_filtered.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  c->target_launches.fetch_add(1, std::memory_order_relaxed);
+  kvconv_host_launch_t r = host_record(ld, slot);
+  r.graph_exec = reinterpret_cast<uint64_t>(nd->graphExec);
+  r.launch_id = nd->launchId;
+  r.node = reinterpret_cast<uint64_t>(nd->node);
+  r.flags = KVCONV_LAUNCH_FLAGS_GRAPH_NODE;
+  if (g_cfg.tag && c->state_dev) {
+    const uint64_t tag = static_cast<uint64_t>(nd->launchId) & KVCONV_TAG_MASK;
+    if (tag && SAN(sanitizerSetLaunchCallbackData(ld.hLaunch, ld.function, ld.hStream,
+                                                  reinterpret_cast<void*>(encode(c, slot, tag))))) {
+      r.tag = tag;
+      r.flags |= KVCONV_LAUNCH_FLAGS_HAS_TAG;
+      c->launch_data_set.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  append_graph_node(c, r);
+}
+
+static void on_resource(Sanitizer_CallbackId cbid, const void* cbdata) {
+  switch (cbid) {
+    case SANITIZER_CBID_RESOURCE_CONTEXT_CREATION_FINISHED: {
+      auto* d = static_cast<const Sanitizer_ResourceContextData*>(cbdata);
+      get_ctx(d->context, static_cast<int>(d->device));
+      break;
+    }
+    case SANITIZER_CBID_RESOURCE_CONTEXT_DESTROY_STARTING:
+      on_context_destroy(static_cast<const Sanitizer_ResourceContextData*>(cbdata)->context);
+      break;
+    case SANITIZER_CBID_RESOURCE_MODULE_LOADED:
+      on_module_loaded(static_cast<const Sanitizer_ResourceModuleData*>(cbdata));
+      break;
+    case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED:
+    case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_PATCHED: {
+      auto* fd = static_cast<const Sanitizer_ResourceFunctionsLazyLoadedData*>(cbdata);
+      give_lazy_functions_data(get_ctx(fd->context), fd->module, fd->functions, fd->numFunctions);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+static void SANITIZERAPI callback(void*, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid,
+                                  const void* cbdata) {
+  if (!g_enabled || getpid() != g_pid) return;
+  if (domain == SANITIZER_CB_DOMAIN_RESOURCE) {
+    on_resource(cbid, cbdata);
+  } else if (domain == SANITIZER_CB_DOMAIN_LAUNCH && cbid == SANITIZER_CBID_LAUNCH_BEGIN) {
+    on_launch(static_cast<const Sanitizer_LaunchData*>(cbdata));
+  } else if (domain == SANITIZER_CB_DOMAIN_GRAPHS && cbid == SANITIZER_CBID_GRAPHS_NODE_LAUNCH_BEGIN) {
+    on_graph_node(static_cast<const Sanitizer_GraphNodeLaunchData*>(cbdata));
+  }
+}
+
+static std::string iso_now() {
+  time_t t = time(nullptr);
+  struct tm tmv;
+  gmtime_r(&t, &tmv);
+  char buf[64];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+  return buf;
+}
+
+static void read_cmdline() {
+  FILE* f = fopen("/proc/self/cmdline", "rb");
+  if (!f) return;
+  std::string cur;
+  int ch;
+  while ((ch = fgetc(f)) != EOF) {
+    if (ch == 0) {
+      g_cmdline.push_back(cur);
+      cur.clear();
+    } else {
+      cur += static_cast<char>(ch);
+    }
+  }
+  if (!cur.empty()) g_cmdline.push_back(cur);
+  fclose(f);
+}
+
+static bool enable_callbacks() {
+  bool ok = true;
+  if (g_cfg.whole_domains) {
+    ok &= SAN(sanitizerEnableDomain(1, g_sub, SANITIZER_CB_DOMAIN_RESOURCE));
+    ok &= SAN(sanitizerEnableDomain(1, g_sub, SANITIZER_CB_DOMAIN_LAUNCH));
+    if (g_cfg.graph_callbacks) ok &= SAN(sanitizerEnableDomain(1, g_sub, SANITIZER_CB_DOMAIN_GRAPHS));
+    return ok;
+  }
+  // Only the callbacks used: every enabled callback costs time on the launch path.
+  const Sanitizer_CallbackIdResource res[] = {
+      SANITIZER_CBID_RESOURCE_CONTEXT_CREATION_FINISHED, SANITIZER_CBID_RESOURCE_CONTEXT_DESTROY_STARTING,
+      SANITIZER_CBID_RESOURCE_MODULE_LOADED, SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED,
+      SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_PATCHED};
+  for (auto id : res) ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_RESOURCE, id));
+  ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_LAUNCH, SANITIZER_CBID_LAUNCH_BEGIN));
+  if (g_cfg.graph_callbacks)
+    ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_GRAPHS, SANITIZER_CBID_GRAPHS_NODE_LAUNCH_BEGIN));
+  return ok;
+}
+
+// The process's live dump (one file for all contexts; with %c each context creates its own): written before any
+// CUDA work, so every end of the process from here on leaves a dump.
+static bool create_process_file() {
+  if (per_context_files()) return true;
+  auto* f = new kvconv::LiveFile();  // lives as long as the process: the mapping is the buffer
+  if (!f->create(kvconv::expand_path(g_cfg.output, g_pid, 0), live_metadata_json())) {
+    logf(0, "error: %s; tracing is OFF for this process", f->error().c_str());
+    delete f;
+    return false;
+  }
+  g_process_file = f;
+  return true;
+}
+
+static int initialize() {
+  load_config();
+  g_pid = static_cast<long>(getpid());
+  const std::string first = kvconv::expand_path(g_cfg.output, g_pid, 0);
+  std::string why = kvconv::check_writable(first);
+  if (!why.empty()) {
+    logf(0, "error: output path %s is not writable (%s); tracing is OFF for this process", first.c_str(),
+         why.c_str());
+    return 1;
+  }
+  if (access(g_cfg.patch_file.c_str(), R_OK) != 0) {
+    logf(0, "error: device patch %s not found (set KVCONV_PATCH_FILE); tracing is OFF", g_cfg.patch_file.c_str());
+    return 1;
+  }
+  load_driver();
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  g_hostname = host;
+  g_started_at = iso_now();
+  read_cmdline();
+  if (!create_process_file()) return 1;
+  if (!SAN(sanitizerSubscribe(&g_sub, callback, nullptr))) return 1;
+  if (!enable_callbacks()) return 1;
+  g_enabled = true;
+  install_exit_paths();
+  std::string pats;
+  for (auto& p : g_cfg.patterns) pats += (pats.empty() ? "" : ",") + p;
+  logf(1, "tracing kernels [%s] -> %s (device capacity %llu, host capacity %llu, events%s%s, clock sync %d ms, "
+          "flush %d ms)",
+       pats.c_str(), g_cfg.output.c_str(), (unsigned long long)g_cfg.dev_cap, (unsigned long long)g_cfg.host_cap,
+       g_cfg.enter ? " enter" : "", g_cfg.exit ? " exit" : "", g_cfg.sync_ms, g_cfg.flush_ms);
+  return 1;
+}
+
+}  // namespace kvtr
+
+extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
+  static bool once = false;
+  if (once) return 1;
+  once = true;
+  return kvtr::initialize();
+}

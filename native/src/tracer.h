@@ -1,0 +1,188 @@
+// Declarations shared by the tracer's rooms (one file per concern, as NVIDIA's compute-sanitizer-samples split theirs):
+//   config.cpp        environment -> Config, logging
+//   driver.cpp        the few driver calls, through dlopen("libcuda.so.1")
+//   context.cpp       per-context state (Ctx), the registry, the context's live groups in the dump file
+//   patching.cpp      which modules and functions are targets, patching, callback data
+//   device_buffer.cpp the device state and the pinned event buffer; copying events out into the dump file
+//   host_tables.cpp   graph-node and eager-launch records, written straight into the dump file
+//   clock_sync.cpp    clock-sync pairs and their background thread
+//   dump_output.cpp   metadata (JSON writer) and the finished dump (compacted from the live file)
+//   exit_paths.cpp    the flusher thread, atexit, SIGTERM/SIGINT, crash signals, fork
+//   injection.cpp     InitializeInjection and the callback dispatch
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <cuda.h>
+#include <sanitizer.h>
+
+#include "dump_writer.h"
+#include "kvconv_records.h"
+#include "live_file.h"
+#include "tracer_shared.h"
+
+#ifndef KVCONV_VERSION
+#define KVCONV_VERSION "0.1.0"
+#endif
+
+namespace kvtr {
+
+uint64_t now_ns();
+
+// ------------------------------------------------------------------ config.cpp
+struct Config {
+  std::vector<std::string> patterns;
+  std::vector<std::string> module_tokens;  // identifier runs of the patterns, searched in cubin bytes
+  std::string output = "kvconv-%p.kvdump";
+  uint64_t dev_cap = 1048576;
+  uint64_t host_cap = 65536;
+  bool enter = true, exit = false;
+  int sync_ms = 1000;
+  int flush_ms = 1;              // KVCONV_FLUSH_MS: device events copied into the dump file at least this often
+  bool tag = true;
+  bool graph_callbacks = true;   // KVCONV_GRAPH_CALLBACKS=0: no graph-node records (overhead measurement only)
+  bool whole_domains = false;    // KVCONV_CALLBACKS=domains: enable whole callback domains (the facts-note setup)
+  int verbose = 0;
+  std::string patch_file, clocksync_file;
+};
+extern Config g_cfg;
+void load_config();
+void logf(int level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+bool per_context_files();
+
+// ------------------------------------------------------------------ driver.cpp
+struct Drv {
+  bool ok = false;
+  CUresult (*ctxPush)(CUcontext) = nullptr;
+  CUresult (*ctxPop)(CUcontext*) = nullptr;
+  CUresult (*ctxSync)() = nullptr;
+  CUresult (*moduleLoad)(CUmodule*, const char*) = nullptr;
+  CUresult (*moduleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*streamCreate)(CUstream*, unsigned) = nullptr;
+  CUresult (*memHostAlloc)(void**, size_t, unsigned) = nullptr;
+  CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned) = nullptr;
+  CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                           void**, void**) = nullptr;
+  CUresult (*deviceGetName)(char*, int, CUdevice) = nullptr;
+  CUresult (*driverGetVersion)(int*) = nullptr;
+  CUresult (*streamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
+};
+extern Drv g_drv;
+void load_driver();
+std::string gpu_name(int device);
+bool sync_context(CUcontext ctx);  // push, synchronize, pop (not inside a sanitizer callback)
+
+extern std::atomic<uint64_t> g_sanitizer_errors;
+bool san_ok(SanitizerResult r, const char* what);
+#define SAN(call) ::kvtr::san_ok((call), #call)
+
+// ------------------------------------------------------------------ context.cpp
+struct KernelInfo {
+  uint32_t slot;
+  uint64_t module;
+  std::string name;
+};
+
+struct SyncRes {
+  bool tried = false, ok = false;
+  CUmodule mod = nullptr;
+  CUfunction fn = nullptr;
+  CUstream stream = nullptr;
+  volatile unsigned long long* host = nullptr;
+  CUdeviceptr dev = 0;
+};
+
+// A context's groups in the live dump file, in the order of the finished dump.
+struct LiveGroups {
+  kvconv::LiveGroup strings, kernel, clock_sync, device_event, graph_node, eager_launch;
+};
+
+struct Ctx {
+  CUcontext ctx = nullptr;
+  uint32_t index = 0;
+  int device = 0;
+  std::mutex mu;  // guards the maps and the device set-up below
+  bool patches_loaded = false, setup_failed = false;
+  uint64_t state_dev = 0;  // aligned address of kvconv_dev_state (device memory)
+  uint64_t dev_events_addr = 0;  // the event buffer as the device sees it
+  std::atomic<kvconv_device_event_t*> host_events{nullptr};  // pinned buffer the patch writes (NULL once gone)
+  Sanitizer_StreamHandle null_stream = nullptr;
+  std::unordered_set<CUmodule> patched_modules;
+  std::unordered_map<CUfunction, uint32_t> fn_slot;  // 0 = known non-target
+  std::unordered_map<CUfunction, uint64_t> fn_data;  // callback data given to each function of a patched module
+  std::vector<KernelInfo> kernels;
+  LiveGroups live;
+  uint64_t graph_next = 0, eager_next = 0;  // rows reserved (may exceed capacity: overflow)
+  std::atomic<uint64_t> target_launches{0}, uploads_filtered{0}, captured_launches_filtered{0};
+  std::atomic<uint64_t> modules_patched{0}, late_patched_modules{0}, functions_given_data{0};
+  std::atomic<uint64_t> launch_data_set{0};
+  // clock sync
+  std::mutex sync_mu;
+  std::vector<kvconv_clock_sync_t> syncs;
+  uint64_t last_sync_ns = 0;
+  uint32_t sync_failures = 0;
+  SyncRes sres;
+  // device events: copied out of the pinned buffer into live.device_event by the flusher
+  std::mutex flush_mu;
+  std::atomic<uint64_t> seen_end{0};  // complete prefix seen by the previous flush (copied once seen twice)
+  // end state (at teardown / exit)
+  bool alive = true;
+  bool finished = false;
+  uint64_t dev_next = 0, dev_drops = 0, dev_lost_unwritten = 0;
+  bool dev_state_read = false;
+};
+
+extern std::mutex g_mu;                 // registry
+extern std::vector<Ctx*> g_all;         // every context seen, never freed
+extern kvconv::LiveFile* g_process_file;  // the one live file of the process (NULL with %c: one per context)
+extern std::string g_hostname, g_started_at;
+extern std::vector<std::string> g_cmdline;
+extern long g_pid;                      // the traced process (a forked child must not touch its files)
+Ctx* get_ctx(CUcontext c, int device = -1);
+std::vector<Ctx*> contexts_where(bool (*pred)(const Ctx*));
+Ctx* retire_ctx(CUcontext ctx);  // out of the live set at teardown; NULL if unknown
+
+// ------------------------------------------------------------------ patching.cpp
+bool patch_module(Ctx* c, CUmodule m);  // c->mu held
+uint32_t classify(Ctx* c, CUfunction f, const char* name, CUmodule m, bool launching);
+bool cubin_has_target(const char* cubin, size_t size);
+void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_t n);
+uint64_t encode(const Ctx* c, uint32_t slot, uint64_t tag);
+
+// ------------------------------------------------------------------ device_buffer.cpp
+bool setup_device(Ctx* c);  // c->mu held, inside a sanitizer callback
+uint64_t flush_events(Ctx* c, bool settled);  // pinned buffer -> dump file; returns events newly published
+void count_launched_blocks(Ctx* c, uint64_t blocks);
+void finish_device(Ctx* c, bool synchronize);  // final copy-out, exact drops, pinned buffer released from use
+
+// ------------------------------------------------------------------ host_tables.cpp
+kvconv_host_launch_t host_record(const Sanitizer_LaunchData& ld, uint32_t slot);
+void append_graph_node(Ctx* c, const kvconv_host_launch_t& r);
+void append_eager(Ctx* c, const kvconv_host_launch_t& r);
+void add_kernel(Ctx* c, const KernelInfo& k);  // c->mu held: kernel table + strings, live
+std::string module_name(uint64_t module);
+
+// ------------------------------------------------------------------ clock_sync.cpp
+void do_clock_sync(Ctx* c, uint32_t flags);
+void start_sync_thread();
+void stop_sync_thread();
+void kick_sync();
+
+// ------------------------------------------------------------------ dump_output.cpp
+std::string live_metadata_json();
+bool write_finished(const std::string& path, const std::vector<Ctx*>& cs, const char* reason);
+void write_all(const char* reason);
+
+// ------------------------------------------------------------------ exit_paths.cpp
+void finalize_all(const char* reason, bool from_signal);
+void on_context_destroy(CUcontext ctx);
+void install_exit_paths();
+void watch_for_crash(Ctx* c);  // its pinned events are copied out by the crash-signal handler
+
+}  // namespace kvtr
