@@ -157,31 +157,28 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
 
-def _demo_fixture() -> Path:
-    return Path(__file__).resolve().parent.parent / "fixtures" / "qwen3-14b" / "qwen3-14b.kvdump"
-
-
 def register_demo(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        out: Path = typer.Option(Path("kvconv-demo"), "-o", "--out", help="folder for the converted outputs"),
+        out: Path = typer.Option(Path("kvconv-demo"), "-o", "--out", help="folder for the dump and its outputs"),
     ) -> None:
-        """Run the main job on the embedded Qwen3-14B fixture: info, validate, reconcile, Perfetto and Chrome traces,
-        Parquet tables.
+        """Run the main job on the embedded Qwen3-14B fixture: write the dump (qwen3-14b.kvdump, from the generator
+        shipped in the package), then info, validate, reconcile, Perfetto and Chrome traces, Parquet tables. A rerun
+        replaces these qwen3-14b.* outputs and nothing else in the folder.
 
         Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
         """
         from . import cli
-        from .errors import UsageError
+        from .demo import qwen3_14b
 
-        fixture = _demo_fixture()
-        if not fixture.is_file():
-            raise UsageError("the embedded fixture is not here (kvconv demo runs from a source checkout)",
-                             path=str(fixture), hint="clone the repository and pip install -e .")
         out.mkdir(parents=True, exist_ok=True)
+        fixture = out / "qwen3-14b.kvdump"
+        qwen3_14b.write(fixture, qwen3_14b.build())
+        sys.stdout.write(f"wrote {fixture} ({fixture.stat().st_size:,} bytes: the Qwen3-14B run reconstructed from "
+                         "its published figures)\n")
         steps = [["info", str(fixture)], ["validate", str(fixture)], ["reconcile", str(fixture)],
-                 ["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace")],
-                 ["chrome", str(fixture), "-o", str(out / "qwen3-14b.json")],
+                 ["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace"), "--force"],
+                 ["chrome", str(fixture), "-o", str(out / "qwen3-14b.json"), "--force"],
                  ["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"]]
         worst = 0
         for step in steps:
