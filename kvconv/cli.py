@@ -46,6 +46,24 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        sys.stdout.write(f"kvconv {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _kvconv(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="print kvconv's version and exit"),
+) -> None:
+    pass
+
+
 for _mod in COMMAND_MODULES:
     importlib.import_module(_mod).register(app)
 

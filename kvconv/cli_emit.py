@@ -15,10 +15,22 @@ from typing import List, Optional
 
 import typer
 
+from .cli_common import QUIET, SALVAGE, output_option, renamed
+
+
+# --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
+# the former --reconcile auto|always|never still works (hidden): always = reconcile, never = exact.
+_JOINS = {"auto": "auto", "exact": "never", "reconcile": "always", "always": "always", "never": "never"}
+
 
 def _options(window, replays, flows, reconcile, chunk, progress, **kw):
     from .emit import EmitOptions
     from .emit._source import parse_range
+    from .errors import UsageError
+
+    if reconcile not in _JOINS:
+        raise UsageError(f"--join must be auto, exact or reconcile, not {reconcile!r}", code="bad-join")
+    reconcile = _JOINS[reconcile]
 
     return EmitOptions(window_ms=parse_range(window, what="--window"),
                        replays=parse_range(replays, what="--replays", cast=int), flows=flows, reconcile=reconcile,
@@ -27,6 +39,7 @@ def _options(window, replays, flows, reconcile, chunk, progress, **kw):
 
 def _report(res, quiet: bool) -> None:
     from .cli import err
+    from .wording import counted
 
     for wmsg in res.warnings:
         err(f"Warning: {wmsg}")
@@ -45,21 +58,24 @@ def _report(res, quiet: bool) -> None:
     # with -o - the output itself is on stdout: the summary goes to stderr
     where = "stdout" if res.output == "-" else res.output
     (sys.stderr if res.output == "-" else sys.stdout).write(
-        f"wrote {where}: {res.contexts} context(s), {res.written_events:,} device events, "
-        f"{res.host_records:,} host records, {res.flows:,} flows, {res.bytes_written:,} bytes\n")
+        f"wrote {where}: {counted(res.contexts, 'context')}, {counted(res.written_events, 'device event')}, "
+        f"{counted(res.host_records, 'host record')}, {counted(res.flows, 'flow')}, "
+        f"{counted(res.bytes_written, 'byte')}\n")
 
 
 _WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
                        help="keep device events from START to END ms after each context's first device event")
 _REPLAYS = typer.Option(None, "--replays", metavar="FIRST:LAST", help="keep only graph replays FIRST..LAST")
 _FLOWS = typer.Option(16, "--flows", help="flows from each host launch to at most this many device blocks (0: none)")
-_RECONCILE = typer.Option("auto", "--reconcile", help="auto | always | never (never: exact gridid join only; auto: "
-                          "that join when it matches every event, else kvconv reconcile's join)")
+_RECONCILE = typer.Option("auto", "--join", metavar="auto|exact|reconcile",
+                          help="device event -> host launch, as in kvconv reconcile: exact: by gridid only; "
+                               "reconcile: kvconv reconcile's join (ordered when events carry no gridid); auto: exact "
+                               "when it matches every event, else reconcile's (up to 4,000,000 events)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
 _PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar on a terminal, else a stderr line "
                          "every 2 s (KVCONV_PROGRESS_INTERVAL seconds); -q turns it off")
-_SALVAGE = typer.Option(False, "--salvage", help="convert a dump cut short up to its last whole record (warns)")
-_QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
+_SALVAGE = SALVAGE
+_QUIET = QUIET
 _FORCE = typer.Option(False, "--force", "--force-overwrite",
                       help="replace an existing output (without it an existing file is kept, and a folder is replaced "
                            "only when it is kvconv's own earlier output of the same command)")
@@ -68,9 +84,10 @@ _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @renamed(out="--out", reconcile="--reconcile")
     def perfetto(
         dumps: List[Path] = _DUMPS,
-        out: str = typer.Option(..., "-o", "--out", help="output .pftrace (- for stdout)"),
+        out: str = output_option("output .pftrace (- for stdout)"),
         window: Optional[str] = _WINDOW,
         replays: Optional[str] = _REPLAYS,
         flows: int = _FLOWS,
@@ -93,9 +110,10 @@ def register(app: typer.Typer) -> None:
         _report(res, quiet)
 
     @app.command()
+    @renamed(out="--out", reconcile="--reconcile")
     def chrome(
         dumps: List[Path] = _DUMPS,
-        out: str = typer.Option(..., "-o", "--out", help="output .json (- for stdout)"),
+        out: str = output_option("output .json (- for stdout)"),
         window: Optional[str] = _WINDOW,
         replays: Optional[str] = _REPLAYS,
         flows: int = _FLOWS,
@@ -118,9 +136,10 @@ def register(app: typer.Typer) -> None:
         _report(res, quiet)
 
     @app.command()
+    @renamed(out="--out", reconcile="--reconcile")
     def arrow(
         dumps: List[Path] = _DUMPS,
-        out: str = typer.Option(..., "-o", "--out", help="output folder (a partitioned dataset)"),
+        out: str = output_option("output folder (a partitioned dataset)"),
         fmt: str = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet"),
         compression: str = typer.Option("none", "--compression", help="none, lz4 or zstd"),
         reconcile: str = _RECONCILE,

@@ -10,6 +10,8 @@ from typing import List, Optional
 
 import typer
 
+from .cli_common import output_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -18,8 +20,7 @@ def register(app: typer.Typer) -> None:
         kernel: Optional[List[str]] = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
                                                    help="substring of a target kernel name (repeatable; mangled or "
                                                         "demangled); default reshape_and_cache_flash_kernel"),
-        output: str = typer.Option("kvconv-%p.kvdump", "-o", "--output",
-                                   help="dump path; %p = pid, %c = CUDA context index"),
+        output: str = output_option("dump path; %p = pid, %c = CUDA context index", "kvconv-%p.kvdump"),
         device_capacity: Optional[int] = typer.Option(None, "--device-capacity",
                                                       help="device events per context (default 1048576)"),
         host_capacity: Optional[int] = typer.Option(None, "--host-capacity",

@@ -355,13 +355,12 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
             whole = left // rsize if rsize else 0
             # More than the whole file: a damaged count, unless the producer's capacity vouches for it (a big
             # group cut short, e.g. a 1M-event buffer of which the first half reached the disk). Groups without a
-            # capacity (metadata, strings, tables) have nothing to contradict their count, whose header checksum
-            # holds: the file was cut short.
+            # capacity (metadata, strings, tables) have nothing to vouch for or contradict their count: either.
             cap = int(hdr["capacity"])
-            if nbytes > size and cap and count > cap:
+            if nbytes > size and not (0 < count <= cap):
                 code, msg = "count-exceeds-file", (
                     f"record_count {count:,} x record_size {rsize} = {nbytes:,} bytes exceeds the whole file "
-                    f"({size:,} bytes) and the group's capacity ({cap:,} records)")
+                    f"({size:,} bytes)" + (f" and the group's capacity ({cap:,} records)" if cap else ""))
             else:
                 code, msg = "truncated-payload", (
                     f"payload of {count:,} records ends {nbytes - left:,} bytes past the end of the file "
@@ -378,8 +377,10 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
                 if not kind.layout:
                     break
             else:
-                if code == "count-exceeds-file":
+                if code == "count-exceeds-file" and cap:
                     hint = "the header's record_count is damaged"
+                elif code == "count-exceeds-file" and not options.salvage:
+                    hint = "the file was cut short, or record_count is damaged; try --salvage"
                 elif options.salvage:
                     hint = ("the file was cut short, and records of an unknown kind or size cannot be salvaged")
                 else:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .wording import counted
+
 SEVERITIES = ("error", "warning", "info")
 
 
@@ -40,7 +42,7 @@ class Finding:
             where.append(f"group {self.group}" + (f" record {self.record}" if self.record is not None else ""))
         if self.field is not None:
             where.append(self.field)
-        more = f" ({self.count} records)" if self.count > 1 else ""
+        more = f" ({counted(self.count, 'record')})" if self.count > 1 else ""
         return f"{self.severity} {self.code} " + ": ".join(where + [self.message + more])
 
     def to_dict(self) -> dict:

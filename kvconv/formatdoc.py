@@ -147,8 +147,8 @@ of code in `--json` error output.
   `kvconv validate` exits 2. `--salvage` reads a dump cut short up to its last whole record.
 - **warning**: worth knowing, not wrong; exit 0. **info**: for the record.
 
-Severity lists the levels a code can have, the usual one first. `--relaxed-reconcile` reports every reconciliation
-error as a warning.
+Severity lists the levels a code can have, the usual one first. `--relaxed` (validate, reconcile) reports every
+reconciliation error as a warning.
 """
 
 

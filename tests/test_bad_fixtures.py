@@ -18,7 +18,7 @@ def test_bad_case(name, tmp_path):
     r = run_cli("validate", "--json", path.name, cwd=BAD)
     assert r.returncode == case["exit"], r.stderr
     assert "Traceback" not in r.stderr
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)["dumps"][0]["result"]
     found = [f["code"] for f in out["findings"] if f["severity"] == "error"]
     if case["code"] is None:
         assert found == []

@@ -84,7 +84,7 @@ def test_library_reads_up_to_the_last_whole_record(cut):
         warnings.simplefilter("ignore")  # the original's own warnings (future-minor says newer-minor) were seen above
         orig = dump.open(src, options=dump.ReadOptions(verify_checksums=False))
     with d, orig:
-        assert any("salvaged" in str(x.message) and f"lost {lost}" in str(x.message) for x in w), \
+        assert any("salvaged" in str(x.message) and f"lost {lost:,}" in str(x.message) for x in w), \
             [str(x.message) for x in w]
         assert len(d.groups) == k + 1  # the groups before the cut, whole, and the cut one
         g = d.groups[k]
@@ -111,20 +111,20 @@ def test_info_and_validate_report_the_loss_per_group(cut):
     assert r.returncode == 2 and r.stderr.startswith("Error: ") and "--salvage" in r.stderr
     r = cli_inprocess("info", "--salvage", "--json", dst)
     assert r.returncode == 0, r.stderr
-    info = json.loads(r.stdout)
+    info = json.loads(r.stdout)["dumps"][0]["result"]
     assert [g["lost_records"] for g in info["groups"]] == [0] * k + [lost]
     assert info["groups"][k]["record_count"] == whole
     r = cli_inprocess("info", "--salvage", dst)
-    assert f"(lost {lost:,})" in r.stdout
+    assert f"(lost to truncation {lost:,})" in r.stdout
 
     r = cli_inprocess("validate", dst)
     assert r.returncode == 2 and "--salvage" in r.stderr
     r = cli_inprocess("validate", "--salvage", "--json", dst)
     assert r.returncode in (0, 1), r.stderr  # readable now; findings (e.g. missing blocks) may remain
-    rep = json.loads(r.stdout)
+    rep = json.loads(r.stdout)["dumps"][0]["result"]
     loss = [f for f in rep["findings"] if f["code"] == "salvaged-loss"]
     assert [(f["group"], f["severity"]) for f in loss] == [(k, "warning")]
-    assert f"{lost} " in loss[0]["message"]
+    assert f"{lost:,} " in loss[0]["message"]
 
 
 def _commands():
@@ -180,9 +180,9 @@ def test_cut_inside_a_header_keeps_every_group_before(tmp_path):
     dst.write_bytes(raw[: gs[-1][0] + 30])
     r = cli_inprocess("info", "--salvage", "--json", dst)
     assert r.returncode == 0, r.stderr
-    assert len(json.loads(r.stdout)["groups"]) == len(gs) - 1
+    assert len(json.loads(r.stdout)["dumps"][0]["result"]["groups"]) == len(gs) - 1
     r = cli_inprocess("validate", "--salvage", "--json", dst)
-    codes = {(f["code"], f["severity"]) for f in json.loads(r.stdout)["findings"]}
+    codes = {(f["code"], f["severity"]) for f in json.loads(r.stdout)["dumps"][0]["result"]["findings"]}
     assert ("truncated-header", "warning") in codes
 
 

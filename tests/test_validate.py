@@ -108,7 +108,7 @@ def test_json_output_lists_all_findings(tmp_path):
     p = write(tmp_path, mutate)
     r = run_cli("validate", "--json", "--no-reconcile", p)
     assert r.returncode == 1
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)["dumps"][0]["result"]
     assert out["valid"] is False and out["errors"] == len([f for f in out["findings"] if f["severity"] == "error"])
     assert {f["code"] for f in out["findings"]} >= {"bad-enum", "bad-range"}
     for f in out["findings"]:
