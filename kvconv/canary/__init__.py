@@ -45,7 +45,7 @@ import numpy as np
 from .. import layout
 from ..errors import KvconvError
 from ..findings import Finding
-from . import _batch
+from . import _batch, _json
 from ._findings import findings as _batch_findings
 from ._text import MAX_LISTED, describe_pages, runs
 
@@ -93,7 +93,7 @@ class Steps(Sequence):
 
     def _steps_of(self, k: int) -> list[dict]:
         if self._cached is None or self._cached[0] != k:
-            self._cached = (k, _batch.step_dicts(self._batch(k)))
+            self._cached = (k, list(_batch.iter_step_dicts(self._batch(k))))
         return self._cached[1]
 
     def __getitem__(self, i):
@@ -108,7 +108,7 @@ class Steps(Sequence):
 
     def __iter__(self):
         for k in range(len(self._spans)):
-            yield from self._steps_of(k)
+            yield from _batch.iter_step_dicts(self._batch(k))
 
     def flagged(self):
         """The steps with an unexpected or a missing page, in record order (kept by :func:`check`)."""
@@ -174,7 +174,7 @@ class CanaryResult:
         out.write(dumps(head, "")[:-2] + ",\n  \"steps\": [")
         sep = "\n    "
         for s in self.steps:
-            out.write(sep + dumps(s, "    "))
+            out.write(sep + _json.dumps(s, "    "))  # json.dumps's indenting encoder is pure Python: slow
             sep = ",\n    "
         out.write(("\n  ]" if sep != "\n    " else "]") + ",\n  \"summary\": " + dumps(self.summary(), "  ") + "\n}\n")
 
@@ -236,7 +236,7 @@ def check(d, *, options: CanaryOptions = CanaryOptions(), progress=None) -> Cana
                 res.findings.extend(_batch_findings(b, d.path))
                 for k, v in _batch.tally(b).items():
                     res.counts[k] += v
-                flagged.extend(_batch.step_dicts(b, _batch.flagged(b)))
+                flagged.extend(_batch.iter_step_dicts(b, _batch.flagged(b)))
                 spans.append(sp)
                 lengths.append(int(b.readable.sum()))
                 res.records += sp.stop - sp.start

@@ -142,10 +142,16 @@ def flagged(b: Batch) -> np.ndarray:
     return b.readable & ((b.sizes("unexpected") > 0) | (b.sizes("missing") > 0))
 
 
-def step_dicts(b: Batch, which: np.ndarray | None = None) -> list[dict]:
-    """The step dicts of the readable records (of ``which`` of them, a bool mask, when given)."""
-    pick = b.readable if which is None else (b.readable & which)
-    idx = np.flatnonzero(pick)
+def iter_step_dicts(b: Batch, which: np.ndarray | None = None, *, size: int = 4096):
+    """The step dicts of the readable records (of ``which`` of them, a bool mask, when given), ``size`` at a time:
+    a batch's dicts are never all held at once."""
+    idx = np.flatnonzero(b.readable if which is None else (b.readable & which))
+    for s in range(0, len(idx), size):
+        yield from step_dicts(b, idx[s : s + size])
+
+
+def step_dicts(b: Batch, idx: np.ndarray) -> list[dict]:
+    """The step dicts of records ``idx`` (readable ones)."""
     if not len(idx):
         return []
     c = {k: v[idx].tolist() for k, v in b.cols.items()}
