@@ -201,7 +201,7 @@ def test_clean_runs_agree(tmp_path, name):
 
 
 FAULTS = {
-    "fault-dropped-event": ("missing-blocks", ["replay 2 node #3", "0 of 1 blocks", "1 dropped event"]),
+    "fault-dropped-event": ("missing-blocks", ["replay 2 node #3", "0 of 1 blocks", "dropped 1 event"]),
     "fault-dropped-event-ordered": ("missing-blocks", ["replay 2 node #3", "0 of 1 blocks"]),
     "fault-duplicate-host-record": ("duplicate-host-record", ["replay 3 node #1", "record 12 repeats record 11"]),
     "fault-node-missing": ("node-missing", ["replay 2", "node #2 (0x70000200)"]),

@@ -27,11 +27,12 @@ from .. import dump as dumpmod
 from .. import layout
 from .._workers import worker
 from ..errors import FormatError, UsageError
+from ..reconcile.exact import ExactJoin
+from ..reconcile.launches import LaunchTable
 
 GRAPH_NODE = layout.KINDS["graph_node"].id
 EAGER = layout.KINDS["eager_launch"].id
 _EVF = layout.ENUMS["event_flags"]
-_LF = layout.ENUMS["launch_flags"]
 _EV_DT = layout.DTYPES["device_event"]
 SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
 RELEASE_BYTES = 256 << 20  # dumps larger than this give walked pages back to the page cache
@@ -118,89 +119,13 @@ def parse_range(text: str | None, *, what: str, cast=float):
 # host records
 
 
-@dataclass
-class Host:
-    """Graph-node then eager records of one context, as one table; ``hid`` indexes it."""
-
-    n_gn: int
-    kind: np.ndarray  # u2: 6 or 7
-    index: np.ndarray  # index into d.records(kind, context_id=ctx)
-    host_ns: np.ndarray
-    graph_exec: np.ndarray
-    launch_id: np.ndarray
-    node: np.ndarray
-    grid_id: np.ndarray
-    stream: np.ndarray
-    kernel_slot: np.ndarray
-    flags: np.ndarray
-    tag: np.ndarray
-    grid: np.ndarray  # blocks predicted by the grid
-    node_ordinal: np.ndarray  # i4, -1 for eager and graph uploads (kvconv.reconcile's canonical node order)
-
-    @property
-    def n(self) -> int:
-        return len(self.kind)
-
-    @property
-    def shown(self) -> np.ndarray:
-        """Records drawn on host tracks (graph uploads are not launches)."""
-        return (self.flags & _LF["graph_upload"]) == 0
+# The launch table (kvconv.reconcile.launches.LaunchTable: graph-node rows, then eager launches; one dedup, one node
+# order) and its exact join are reconcile's own: one implementation of each, used here and there.
+Host = LaunchTable
 
 
 def _host(d, ctx: int) -> Host:
-    gn = d.records("graph_node", context_id=ctx)
-    el = d.records("eager_launch", context_id=ctx)
-    recs = np.concatenate([np.asarray(gn), np.asarray(el)]) if len(el) else np.array(gn)
-    n_gn = len(gn)
-    kind = np.concatenate([np.full(n_gn, GRAPH_NODE, np.uint16), np.full(len(el), EAGER, np.uint16)])
-    index = np.concatenate([np.arange(n_gn), np.arange(len(el))]).astype(np.int64)
-    grid = (recs["grid_x"].astype(np.int64) * recs["grid_y"] * recs["grid_z"]) if len(recs) else np.zeros(0, np.int64)
-    ordn = _node_ordinals(recs[:n_gn]) if n_gn else np.zeros(0, np.int32)
-    ordn = np.concatenate([ordn, np.full(len(recs) - n_gn, -1, np.int32)])
-    return Host(n_gn=n_gn, kind=kind, index=index, host_ns=recs["host_ns"].astype(np.uint64),
-                graph_exec=recs["graph_exec"], launch_id=recs["launch_id"], node=recs["node"],
-                grid_id=recs["grid_id"], stream=recs["stream"], kernel_slot=recs["kernel_slot"],
-                flags=recs["flags"], tag=recs["tag"], grid=grid, node_ordinal=ordn)
-
-
-def _node_ordinals(g: np.ndarray) -> np.ndarray:
-    """Node ordinal of each graph-node record, as kvconv.reconcile defines it (graph uploads: -1): per graph exec,
-    the nodes of the first replay holding the most distinct nodes in their record order, then the other nodes in
-    order of first sight (replay, then record order)."""
-    out = np.full(len(g), -1, np.int32)
-    live = np.flatnonzero((g["flags"] & _LF["graph_upload"]) == 0)
-    if not len(live):
-        return out
-    ex, rep = g["graph_exec"][live], g["launch_id"][live]
-    if len(live) > 1 and bool(np.all((ex[1:] > ex[:-1]) | ((ex[1:] == ex[:-1]) & (rep[1:] >= rep[:-1])))):
-        order = live  # already in (graph exec, replay, record) order
-    else:
-        order = live[np.lexsort((live, rep, ex))]
-    exs = g["graph_exec"][order]
-    brk = np.flatnonzero(exs[1:] != exs[:-1]) + 1
-    BIG = np.iinfo(np.int64).max
-    for idx in np.split(order, brk):
-        nodes, nid = np.unique(g["node"][idx], return_inverse=True)
-        nid = nid.reshape(-1)
-        r = g["launch_id"][idx]
-        rid = np.concatenate([[0], np.cumsum(r[1:] != r[:-1])])  # replays are in increasing order within idx
-        N, R, m = len(nodes), int(rid[-1]) + 1, len(idx)
-        if R * N <= (1 << 22):
-            present = (np.bincount(rid * N + nid, minlength=R * N).reshape(R, N) > 0).sum(axis=1)
-        else:
-            present = np.bincount(np.unique(rid * N + nid) // N, minlength=R)
-        best = int(np.argmax(present))
-        lo, hi = np.searchsorted(rid, [best, best + 1])
-        key = np.full(N, BIG, np.int64)
-        np.minimum.at(key, nid[lo:hi], np.arange(lo, hi))  # first sight in the reference replay
-        fa = np.full(N, BIG, np.int64)
-        np.minimum.at(fa, nid, np.arange(m))
-        rest = key == BIG
-        key[rest] = m + fa[rest]  # then first sight anywhere
-        rank = np.empty(N, np.int32)
-        rank[np.argsort(key, kind="stable")] = np.arange(N, dtype=np.int32)
-        out[idx] = rank[nid]
-    return out
+    return LaunchTable.load(d, ctx)
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray):
@@ -503,91 +428,6 @@ def _heads(recs: np.ndarray, starts: np.ndarray):
     return h["gridid"], h["tag"], h["flags"], h["kind"]
 
 
-def _gid_key(gid: np.ndarray, tag: np.ndarray) -> np.ndarray:
-    return gid.astype(np.uint64) ^ (tag.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-
-
-class ExactJoin:
-    """kvconv.reconcile's exact join (device block-enter events carrying %gridid -> host launch records) as a
-    vectorised lookup, without the rest of the report.
-
-    Like reconcile: graph uploads and duplicate host records (a repeat of (graph exec, replay, node), or of an eager
-    launch's gridid) never match; 1) events with a tag match the first tagged host record (eager launches, then graph
-    nodes, in record order) with the same (gridid, tag); 2) other events with a gridid match the one host record with
-    that gridid when exactly one has it and not both sides carry a tag. tests/test_emit.py checks the matches equal
-    reconcile's on the fixtures. (Events that reconcile leaves unmatched but attributes to a replay are a report
-    matter: the emitters fall back to reconcile whenever an event carrying a gridid stays unmatched.)"""
-
-    def __init__(self, h: Host) -> None:
-        n_el = h.n - h.n_gn
-        isg = h.kind == GRAPH_NODE
-        upload = isg & ((h.flags & _LF["graph_upload"]) != 0)
-        rorder = np.where(isg, n_el + h.index, h.index)  # reconcile's host order: eager, then graph nodes
-        dup = np.zeros(h.n, bool)
-        g = np.flatnonzero(isg & ~upload)
-        if len(g):
-            o = g[np.lexsort((h.index[g], h.node[g], h.launch_id[g], h.graph_exec[g]))]
-            ex, rp, nd = h.graph_exec[o], h.launch_id[o], h.node[o]
-            dup[o[1:][(ex[1:] == ex[:-1]) & (rp[1:] == rp[:-1]) & (nd[1:] == nd[:-1])]] = True
-        e = np.flatnonzero(~isg & (h.grid_id != 0))
-        if len(e):
-            o = e[np.lexsort((h.index[e], h.grid_id[e]))]
-            gg = h.grid_id[o]
-            dup[o[1:][gg[1:] == gg[:-1]]] = True
-        cand = ~upload & ~dup
-        has_tag = (h.flags & _LF["has_tag"]) != 0
-        htag = np.where(has_tag, h.tag, 0).astype(np.uint64)
-        # 1) (gridid, tag) of tagged records, first in reconcile's order winning
-        t = np.flatnonzero(cand & has_tag)
-        t = t[np.argsort(rorder[t], kind="stable")]
-        k = _gid_key(h.grid_id[t], htag[t])
-        o = np.argsort(k, kind="stable")
-        self.k1, self.r1 = k[o], t[o].astype(np.int64)
-        self.g1, self.t1 = h.grid_id[self.r1].astype(np.uint64), htag[self.r1]
-        same = self.k1[1:] == self.k1[:-1]
-        self.collide = bool(np.any(same & ((self.g1[1:] != self.g1[:-1]) | (self.t1[1:] != self.t1[:-1]))))
-        # 2) gridid alone, where exactly one record has it
-        a = np.flatnonzero(cand)
-        ug, fi, cnt = np.unique(h.grid_id[a].astype(np.uint64), return_index=True, return_counts=True)
-        self.ug = ug
-        self.u_row = np.where(cnt == 1, a[fi], -1).astype(np.int64)
-        self.u_tagged = has_tag[a[fi]]
-
-    def lookup(self, gid, tag, flags, kind) -> np.ndarray:
-        gid = np.asarray(gid).astype(np.uint64, copy=False)
-        tag = np.asarray(tag).astype(np.uint64, copy=False)
-        n = len(gid)
-        out = np.full(n, -1, np.int64)
-        ok = (np.asarray(kind) == _BLOCK_ENTER) & ((np.asarray(flags) & _EVF["has_gridid"]) != 0)
-        et = (np.asarray(flags) & _EVF["has_tag"]) != 0
-        i = np.flatnonzero(ok & et)
-        if len(i) and len(self.k1):
-            gi, ti = gid[i], tag[i]
-            if not self.collide:
-                p = np.searchsorted(self.k1, _gid_key(gi, ti))
-                np.minimum(p, len(self.k1) - 1, out=p)
-                hit = (self.g1[p] == gi) & (self.t1[p] == ti)
-                out[i[hit]] = self.r1[p[hit]]
-            else:  # two (gridid, tag) pairs share a key: ranks of the exact pairs instead
-                gids = np.unique(np.r_[self.g1, gi])
-                tags = np.unique(np.r_[self.t1, ti])
-                nt = np.int64(len(tags))
-                hk = np.searchsorted(gids, self.g1).astype(np.int64) * nt + np.searchsorted(tags, self.t1)
-                ek = np.searchsorted(gids, gi).astype(np.int64) * nt + np.searchsorted(tags, ti)
-                oo = np.argsort(hk, kind="stable")  # r1 is in reconcile order within equal pairs
-                hks = hk[oo]
-                p = np.minimum(np.searchsorted(hks, ek), len(hks) - 1)
-                hit = hks[p] == ek
-                out[i[hit]] = self.r1[oo[p[hit]]]
-        i = np.flatnonzero(ok & (out < 0))
-        if len(i) and len(self.ug):
-            gi = gid[i]
-            p = np.minimum(np.searchsorted(self.ug, gi), len(self.ug) - 1)
-            take = (self.ug[p] == gi) & (self.u_row[p] >= 0) & (~et[i] | ~self.u_tagged[p])
-            out[i[take]] = self.u_row[p[take]]
-        return out
-
-
 def _safe(s: str) -> str:
     out = "".join(c if (c.isalnum() or c in "-_.") else "_" for c in s)
     return out or "run"
@@ -702,8 +542,9 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
                 warn(f"{cs[0].label}: reconcile failed ({e}); using exact gridid joins only")
                 res = None
         elif rec is not None and options.reconcile == "auto" and total > options.reconcile_max_events:
-            warn(f"{cs[0].label}: {total:,} device events exceed reconcile_max_events; flows and node slices use the "
-                 "streaming exact (gridid) join only")
+            warn(f"{cs[0].label}: {total:,} device events exceed the {options.reconcile_max_events:,} up to which "
+                 "--join auto runs kvconv reconcile's join; flows and node slices use the streaming exact (gridid) "
+                 "join only (--join reconcile runs it anyway)")
         for c in cs:
             h = c.host
             if res is not None:
@@ -718,11 +559,6 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
                 hid[di[ok][good]] = row[good]
                 c.hid = hid
                 c.reconcile_result = res
-                la = res.launches[res.launches["context_id"] == c.context_id]
-                gl = la[la["host_kind"] == GRAPH_NODE]
-                if len(gl):
-                    sel = (gl["host_index"] >= 0) & (gl["host_index"] < h.n_gn)
-                    h.node_ordinal[gl["host_index"][sel]] = gl["node_ordinal"][sel]
                 joins = {int(j) for j in np.unique(m["join"][ok])} if ok.any() else set()
                 c.join = "+".join(rec.JOIN_NAMES[j] for j in sorted(joins) if j) or "none"
             elif options.reconcile == "auto" and c._runs is not None:

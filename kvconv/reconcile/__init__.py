@@ -1,0 +1,265 @@
+"""Reconcile host launch records, the executions their geometry predicts, and the device block events.
+
+    >>> from kvconv import dump, reconcile
+    >>> with dump.open("run.kvdump") as d:                                  # doctest: +SKIP
+    ...     res = reconcile.reconcile(d)
+    ...     print(res.agreement_line())
+    280 graph-node records = 280 expected executions = 280 device events, 0 drops
+
+What it computes, per context of the dump:
+
+* every host launch (eager launches and graph kernel-node launches; graph uploads are ignored) with the number of
+  blocks its grid predicts, the device block-enter events matched to it, and the difference;
+* per graph executable: its target nodes, its replays (launch ids), records per (replay, node), nodes repeated in a
+  replay, nodes missing from a replay, whether the node order is the same in every replay;
+* the join of device events to host launches:
+
+  - **exact** when device events carry ``%gridid`` (flag ``has_gridid``) and, for graph nodes, the per-replay tag
+    (``has_tag``): gridid -> launch or graph node (the host's ``grid_id``), tag -> replay (the host's ``tag``).
+    Independent of the order in which the device's atomics landed, so right for multi-stream graphs.
+  - **ordered** when they do not: device events in sequence order are laid over host launches in host order
+    (``host_ns``), each launch taking as many consecutive events as its grid has blocks. This assumes one stream.
+    Positions come from the event ``sequence`` (a sequence gap is a lost event at a known place). A deficit with 0
+    device drops can only be launches that ran before coverage began (patching happens at module load; coverage
+    starts late and never stops early), so it is attributed to the earliest launches and the report says so. With
+    drops, the deficit may lie anywhere: events whose launch is the same under every possible placement are matched,
+    the rest are reported as one ambiguous run of launches with its deficit. Launches that ran on different streams
+    next to each other (e.g. the nodes of a multi-stream graph replay) form a window whose events are attributed to
+    the window (the replay) but not to a node, and the report says the ordered join cannot tell.
+
+* timing per graph executable from device ``%globaltimer`` only (per replay span from the first to the last node's
+  first block entry, gaps from the last entry of one replay to the first of the next, per node start offsets); host
+  ``CLOCK_MONOTONIC`` times are reported in their own domain and never subtracted from device times;
+* drops on both sides (group header ``drop_count`` and the metadata counters) and the agreement line.
+
+Record indices (``host_index``, ``device_index``, Finding.record) are indices into ``d.records(kind, context_id=ctx)``.
+
+Stages (one module each, each returning values): ``events`` (load) -> ``exact`` / ``ordered`` (join) -> ``count``
+-> ``graphs`` (per graph exec, host side and device timing) -> ``report`` (JSON, tables, verdict, text).
+``launches.LaunchTable`` and ``exact.ExactJoin`` are shared with the emitters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+from ..findings import Finding
+from ._notes import Notes
+from .count import check_ordered_against_gridid, count_blocks
+from .events import load_drops, load_events
+from .exact import JOIN_EXACT, JOIN_NONE, JOIN_ORDERED, ExactJoin, Match, join_exact
+from .graphs import graph_device, host_graphs
+from .launches import EAGER, GRAPH_NODE, LaunchTable
+from .ordered import join_ordered
+from .report import (LAUNCH_DTYPE, MATCH_DTYPE, agreement_counts, ambiguous_runs, blocks_section, context_lines,
+                     counts_agree, agreement_line, device_section, host_section, launch_table, match_table,
+                     problem_launches, status_line, verdict)
+
+JOIN_NAMES = {JOIN_NONE: "none", JOIN_EXACT: "exact", JOIN_ORDERED: "ordered"}
+JOINS = ("auto", "exact", "ordered")
+
+__all__ = ["ReconcileOptions", "ReconcileResult", "reconcile", "status_line", "MATCH_DTYPE", "LAUNCH_DTYPE",
+           "LaunchTable", "ExactJoin", "GRAPH_NODE", "EAGER", "JOIN_NONE", "JOIN_EXACT", "JOIN_ORDERED", "JOIN_NAMES",
+           "JOINS"]
+
+
+@dataclass(frozen=True)
+class ReconcileOptions:
+    """join: "auto" (exact when device events carry gridid, ordered otherwise), "exact" or "ordered".
+    relaxed: report mismatches (missing / extra / duplicated / unmatched) as warnings instead of errors.
+    strict_coverage: report blocks the ordered join attributes to launches that ran before coverage began (0 device
+    drops, deficit at the start: code ``coverage-late``) as errors; by default they are warnings, since nothing the
+    tracer saw was lost (the published Qwen3-14B run: its first launch ran before patching).
+    max_listed: at most this many findings of one code name their launch individually; the rest are counted in one.
+    """
+
+    join: str = "auto"
+    relaxed: bool = False
+    strict_coverage: bool = False
+    max_listed: int = 20
+
+    def __post_init__(self) -> None:
+        if self.join not in JOINS:
+            raise UsageError(f"--join must be one of {', '.join(JOINS)}, not {self.join!r}", code="bad-join")
+
+
+@dataclass
+class ReconcileResult:
+    path: str
+    join_requested: str
+    contexts: list[dict]
+    findings: list[Finding]
+    matches: np.ndarray  # MATCH_DTYPE, one row per device event of every context
+    launches: np.ndarray  # LAUNCH_DTYPE, one row per host launch record of every context (graph uploads excluded)
+
+    mismatches: int = 0  # findings that are errors unless --relaxed (each context's agreement.agree is false)
+
+    @property
+    def ok(self) -> bool:
+        """The exit status: no error-level finding. Without --relaxed, the same as every context agreeing."""
+        return not any(f.severity == "error" for f in self.findings)
+
+    def status_line(self) -> str:
+        return status_line([self])
+
+    def agreement_line(self, context_id: int | None = None) -> str:
+        """The agreement line of one context (the first when not given)."""
+        for c in self.contexts:
+            if context_id is None or c["context_id"] == context_id:
+                return c["agreement"]["line"]
+        return ""
+
+    def to_dict(self) -> dict:
+        """JSON-able report, schema ``schemas/reconcile.schema.json``."""
+        counts = {s: sum(1 for f in self.findings if f.severity == s) for s in ("error", "warning", "info")}
+        return {
+            "path": self.path,
+            "join_requested": self.join_requested,
+            "ok": self.ok,
+            "contexts": self.contexts,
+            "findings": [f.to_dict() for f in self.findings],
+            "summary": {**counts, "device_events": int(len(self.matches)),
+                        "matched": int((self.matches["host_index"] >= 0).sum()),
+                        "host_launches": int(len(self.launches))},
+        }
+
+    def columns(self, table: str = "matches") -> dict[str, np.ndarray]:
+        """Arrow-ready columns (name -> contiguous 1-D numpy array) of ``matches`` or ``launches``:
+        ``pyarrow.table(res.columns())`` builds the table without copying the numeric data again."""
+        arr = {"matches": self.matches, "launches": self.launches}[table]
+        out = {name: np.ascontiguousarray(arr[name]) for name in arr.dtype.names}
+        if table == "matches":
+            out["join_name"] = np.array(["none", "exact", "ordered"], dtype=object)[arr["join"]]
+        return out
+
+    def to_arrow(self, table: str = "matches"):
+        """A ``pyarrow.Table`` of :meth:`columns` (imports pyarrow)."""
+        import pyarrow as pa
+
+        cols = self.columns(table)
+        if "join_name" in cols:
+            cols["join_name"] = pa.DictionaryArray.from_arrays(
+                pa.array(self.matches["join"].astype(np.int8)), pa.array(["none", "exact", "ordered"]))
+        return pa.table(cols)
+
+    def lines(self) -> list[str]:
+        """The text report ``kvconv reconcile`` prints (without the findings)."""
+        out = []
+        for c in self.contexts:
+            out.extend(context_lines(self.path, c))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# entry point
+
+
+def reconcile(d, *, options: ReconcileOptions = ReconcileOptions()) -> ReconcileResult:
+    """Reconcile every context of an opened dump (:func:`kvconv.dump.open`)."""
+    findings: list[Finding] = []
+    contexts: list[dict] = []
+    matches: list[np.ndarray] = []
+    launches: list[np.ndarray] = []
+    mismatches = 0
+    for ctx, dev in d.contexts():
+        if not (d.groups_of("device_event", context_id=ctx) or d.groups_of("graph_node", context_id=ctx)
+                or d.groups_of("eager_launch", context_id=ctx)):
+            continue
+        notes = Notes(d, ctx, options)
+        rep, mt, lt = reconcile_context(d, ctx, dev, options, notes)
+        contexts.append(rep)
+        findings.extend(notes.findings())
+        mismatches += sum(notes.mismatches.values())
+        matches.append(mt)
+        launches.append(lt)
+    m = np.concatenate(matches) if matches else np.zeros(0, MATCH_DTYPE)
+    la = np.concatenate(launches) if launches else np.zeros(0, LAUNCH_DTYPE)
+    return ReconcileResult(path=str(d.path), join_requested=options.join, contexts=contexts, findings=findings,
+                           matches=m, launches=la, mismatches=mismatches)
+
+
+@dataclass(frozen=True)
+class _Joined:
+    mode: str
+    note: str
+    match: Match
+    ordered: object  # ordered.Ordered or None
+    extra_replay_events: int = 0
+
+
+def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str) -> _Joined:
+    n, nh = ev.n, int((~t.upload).sum())
+    any_gid = bool(ev.has_gid.any())
+    mode = ("exact" if any_gid else "ordered") if want == "auto" else want
+    if not n or not nh:
+        note = "nothing to join" if not (n or nh) else ("no device events" if not n else "no host launch records")
+        if n and not nh:
+            # An events-only dump (like the published event file) is not wrong, but nothing joins it.
+            notes.add("warning", "no-host-records", f"{n:,} device events and no host launch records: nothing to "
+                      "reconcile them against", kind="device_event", index=int(ev.idx[0]), count=n, listed=False)
+        return _Joined("none" if not (n and nh) else mode, note, Match.empty(n), None)
+    if mode == "ordered":
+        o = join_ordered(ev, t, drops, names, notes)
+        return _Joined(mode, o.note, o.match, o)
+    if not any_gid:
+        notes.add("error", "join-impossible", "--join exact needs device events carrying %gridid (flags.has_gridid); "
+                  "none do", listed=False)
+        return _Joined(mode, "exact join impossible: no device event carries gridid", Match.empty(n), None)
+    m, extra = join_exact(ev, t, ExactJoin(t), names, notes)
+    lacking = int((~ev.has_gid).sum())
+    note = "exact: gridid -> launch/node, tag -> replay; independent of device event order" + (
+        f"; {lacking:,} events lack gridid and stay unmatched" if lacking else "")
+    if lacking:
+        notes.add("warning", "gridid-missing", f"{lacking:,} device events carry no gridid and cannot be joined "
+                  "exactly", listed=False)
+    return _Joined(mode, note, m, None, extra)
+
+
+def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: Notes):
+    """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table)."""
+    ev = load_events(d, ctx, notes)
+    drops = load_drops(d, ctx, notes)
+    t = LaunchTable.load(d, ctx)
+    if t.upload.any():
+        notes.add("info", "graph-uploads-ignored", f"{int(t.upload.sum()):,} graph-node records flagged graph_upload "
+                  "ignored", listed=False)
+    names = d.kernel_names(context_id=ctx)
+    graphs = host_graphs(t, names, notes)
+    _duplicate_findings(t, names, notes)
+    j = _join(ev, t, drops, names, notes, options.join)
+    counts = count_blocks(ev, t, j.match, j.ordered, drops, names, notes, options.strict_coverage)
+    if j.mode == "ordered":
+        check_ordered_against_gridid(ev, t, j.match, notes)
+    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
+    graph_reports = [{**g.report, **graph_device(g, t, exp_eff, j.match, ev.t)} for g in graphs]
+    ac = agreement_counts(t, j.match, counts, drops, j.extra_replay_events)
+    if not counts_agree(ac) and not notes.mismatches:
+        notes.add("error", "counts-differ", f"the counts do not agree ({agreement_line(ac, {})}) and no launch "
+                  "explains it", listed=False)
+    agreement = verdict(ac, notes.mismatches)
+    rep = {"context_id": int(ctx), "device_id": int(dev), "join": j.mode, "join_note": j.note,
+           "agreement": agreement, "device": device_section(ev, j.match, agreement, drops),
+           "host": host_section(t, drops), "blocks": blocks_section(t, counts, j.ordered, names, ev.n),
+           "problem_launches": problem_launches(t, counts, names), "ambiguous_runs": ambiguous_runs(t, j.ordered, names),
+           "graph_execs": graph_reports}
+    if j.mode == "ordered" and j.ordered is not None:
+        rep["ordered"] = dict(j.ordered.info)
+    return rep, match_table(ctx, ev.n_all, ev, t, j.match), launch_table(ctx, t, counts, j.ordered)
+
+
+def _duplicate_findings(t: LaunchTable, names: dict, notes: Notes) -> None:
+    from ._notes import hexs  # noqa: F401 - names below
+    from .launches import kind_name, launch_name
+
+    for h in t.in_order(t.dup):
+        if t.kind[h] == GRAPH_NODE:
+            first = np.flatnonzero((t.kind == GRAPH_NODE) & ~t.upload & (t.graph_exec == t.graph_exec[h])
+                                   & (t.launch_id == t.launch_id[h]) & (t.node == t.node[h]))[0]
+        else:
+            first = np.flatnonzero((t.kind == EAGER) & (t.grid_id == t.grid_id[h]))[0]
+        notes.add("error", "duplicate-host-record", f"{launch_name(t, names, h)} recorded again: {kind_name(t, h)} "
+                  f"record {int(t.index[h])} repeats record {int(t.index[first])}; counted once",
+                  kind=kind_name(t, h), index=int(t.index[h]))
