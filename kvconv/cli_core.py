@@ -12,14 +12,13 @@ from typing import List
 
 import typer
 
-from . import dump as dumpmod
 from .cli_common import DUMPS, JSON, RELAXED, SALVAGE, Outcome, each, finish, renamed
 from .errors import FormatError, SchemaError
 from .findings import Finding
 from .wording import counted
 
 
-def info_dict(d: dumpmod.Dump) -> dict:
+def info_dict(d) -> dict:
     """What ``kvconv info`` reports of an open dump, payload checksums included (docs/FORMAT.md: readers verify
     them); a group a salvaged file cut short has no checksum to compare (``payload_crc: "not-checked"``)."""
     from ._workers import worker
@@ -111,8 +110,10 @@ def _info_text(path: str, info: dict) -> str:
     return "\n".join(lines)
 
 
-def _info_one(path: Path, opts: dumpmod.ReadOptions) -> Outcome:
+def _info_one(path: Path, opts) -> Outcome:
     import warnings
+
+    from . import dump as dumpmod
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
@@ -154,6 +155,8 @@ def register(app: typer.Typer) -> None:
 
         Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
         """
+        from . import dump as dumpmod  # numpy: imported by the commands that read, not by --help
+
         opts = dumpmod.ReadOptions(salvage=salvage, verify_checksums=False)  # verified in info_dict, reported
         outcomes = each(dumps, lambda p: _info_one(p, opts))
         for o in outcomes:  # one blank line between dumps

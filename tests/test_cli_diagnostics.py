@@ -218,3 +218,16 @@ def test_former_spellings_still_work(tmp_path):
 def test_salvage_is_declared_once():
     src = (FIXTURES.parent / "kvconv").glob("cli*.py")
     assert sum(f.read_text().count('"--salvage"') for f in src) == 1
+
+
+# ---- 8. start-up: the command line imports no numpy until a command reads a dump --------------------------------
+
+def test_cli_import_is_light():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = "import sys, kvconv.cli; print(sorted(m for m in ('numpy', 'pyarrow', 'pydantic') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
