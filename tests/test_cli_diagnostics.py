@@ -231,3 +231,12 @@ def test_cli_import_is_light():
     code = "import sys, kvconv.cli; print(sorted(m for m in ('numpy', 'pyarrow', 'pydantic') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_event_limit_warning_names_an_option_the_user_has(tmp_path):
+    from kvconv.emit import EmitOptions
+    from kvconv.emit.chrome import write_chrome
+
+    res = write_chrome([VALID], str(tmp_path / "x.json"), options=EmitOptions(reconcile_max_events=1, progress=False))
+    warn = [w for w in res.warnings if "exceed" in w]
+    assert warn and "--join reconcile" in warn[0] and "reconcile_max_events" not in warn[0], res.warnings
