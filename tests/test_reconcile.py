@@ -302,3 +302,23 @@ def test_qwen_fixture():
     assert (m["replay"][:-280] == 0).all()
     assert codes(r) == ["coverage-late"] and r.ok
     assert codes(run(QWEN, strict_coverage=True), "error") == ["coverage-late"]
+
+
+def test_repeated_blocks_out_of_order_are_counted_once(tmp_path):
+    """Blocks of a launch in any order; a repeated blockIdx is an extra block, named at its first repeat, and the
+    count is the same whichever way the repeats are found (one key per block, sorted when out of order)."""
+    eager = [launch(grid=4, gid=7, ns=0), launch(grid=2, gid=8, ns=1)]
+    xs = [2, 0, 1, 2, 3, 3, 1]  # launch gid 7: block 2 repeated, then 3 repeated; gid 8: blocks 1 .. (0 missing)
+    gids = [7, 7, 7, 7, 7, 7, 8]
+    events = [event(i, x=x, gid=g, t=100 + i) for i, (x, g) in enumerate(zip(xs, gids))]
+    res = run(write(tmp_path / "d.kvdump", eager=eager, events=events))
+    dup = [f for f in res.findings if f.code == "duplicate-block"]
+    assert len(dup) == 1 and "2 blocks recorded more than once, first (2,0,0)" in dup[0].message
+    assert dup[0].record == 3  # the first repeat, in sequence order
+    la = res.launches
+    assert list(la["recorded_blocks"]) == [6, 1] and list(la["distinct_blocks"]) == [4, 1]
+    assert list(la["first_ns"]) == [100, 106]
+    b = res.contexts[0]["blocks"]
+    assert (b["expected"], b["recorded"], b["missing"], b["extra"]) == (6, 7, 1, 2)
+    assert b["expected"] - b["missing"] + b["extra"] == b["recorded"]
+    assert res.contexts[0]["agreement"]["agree"] is False and not res.ok

@@ -51,7 +51,7 @@ from ._notes import Notes
 from .count import check_ordered_against_gridid, count_blocks
 from .events import load_drops, load_events
 from .exact import JOIN_EXACT, JOIN_NONE, JOIN_ORDERED, ExactJoin, Match, join_exact
-from .graphs import graph_device, host_graphs
+from .graphs import device_side, host_graphs
 from .launches import EAGER, GRAPH_NODE, LaunchTable
 from .ordered import join_ordered
 from .report import (LAUNCH_DTYPE, MATCH_DTYPE, agreement_counts, ambiguous_runs, blocks_section, context_lines,
@@ -175,8 +175,8 @@ def reconcile(d, *, options: ReconcileOptions = ReconcileOptions()) -> Reconcile
         mismatches += sum(notes.mismatches.values())
         matches.append(mt)
         launches.append(lt)
-    m = np.concatenate(matches) if matches else np.zeros(0, MATCH_DTYPE)
-    la = np.concatenate(launches) if launches else np.zeros(0, LAUNCH_DTYPE)
+    m = (matches[0] if len(matches) == 1 else np.concatenate(matches)) if matches else np.zeros(0, MATCH_DTYPE)
+    la = (launches[0] if len(launches) == 1 else np.concatenate(launches)) if launches else np.zeros(0, LAUNCH_DTYPE)
     return ReconcileResult(path=str(d.path), join_requested=options.join, contexts=contexts, findings=findings,
                            matches=m, launches=la, mismatches=mismatches)
 
@@ -233,8 +233,7 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
     counts = count_blocks(ev, t, j.match, j.ordered, drops, names, notes, options.strict_coverage)
     if j.mode == "ordered":
         check_ordered_against_gridid(ev, t, j.match, notes)
-    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
-    graph_reports = [{**g.report, **graph_device(g, t, exp_eff, j.match, ev.t)} for g in graphs]
+    graph_reports = device_side(graphs, t, j.match, ev.t)
     ac = agreement_counts(t, j.match, counts, drops, j.extra_replay_events)
     if not counts_agree(ac) and not notes.mismatches:
         notes.add("error", "counts-differ", f"the counts do not agree ({agreement_line(ac, {})}) and no launch "

@@ -29,27 +29,56 @@ class Counts:
 
 
 def _per_launch(ev: Events, t: LaunchTable, match: Match):
+    """Per launch: events matched, distinct in-grid blocks, events outside the grid, repeated blocks, earliest entry.
+    Repeats are found on one key per block, the launch's first block slot plus the linear blockIdx (a sort of the
+    keys, none when they already increase); ``dupe`` (per matched event: a repeat) is only built when some exist."""
     nH = t.n
     m = np.flatnonzero(match.host >= 0)
     h = match.host[m]
     gx, gy, gz = t.gx[h], t.gy[h], t.gz[h]
-    x, y, z = ev.x[m], ev.y[m], ev.z[m]
+    x, y, z = ev.x[m].astype(np.uint64), ev.y[m].astype(np.uint64), ev.z[m].astype(np.uint64)
     inside = (x < gx) & (y < gy) & (z < gz)
     with np.errstate(over="ignore"):
         lin = x + gx * (y + gy * z)
-    key_o = np.lexsort((np.arange(len(m)), lin, h))  # duplicates: same launch, same blockIdx
-    hs, ls = h[key_o], lin[key_o]
-    dupe = np.zeros(len(m), bool)
-    dupe[key_o] = np.r_[False, (hs[1:] == hs[:-1]) & (ls[1:] == ls[:-1])]
     recorded = np.bincount(h, minlength=nH).astype(np.int64)
+    hin = h[inside]
+    n_inside = np.bincount(hin, minlength=nH).astype(np.int64)
+    distinct = _distinct_blocks(t, hin, lin[inside], n_inside)
+    dupe = None
+    if distinct is None or int((n_inside - distinct).sum()):
+        dupe = np.zeros(len(h), bool)  # the rare path: which events are the repeats, in sequence order
+        dupe[inside] = _repeats(hin, lin[inside])
+        distinct = np.bincount(h[inside & ~dupe], minlength=nH).astype(np.int64)
     tmin = np.full(nH, np.iinfo(np.uint64).max, np.uint64)
-    if len(m):  # earliest entry per launch: a reduceat over the (launch, blockIdx) order already sorted
-        gs = np.r_[0, np.flatnonzero(hs[1:] != hs[:-1]) + 1]
-        tmin[hs[gs]] = np.minimum.reduceat(ev.t[m][key_o], gs)
-    return (m, h, inside, dupe, recorded, np.bincount(h[inside & ~dupe], minlength=nH).astype(np.int64),
-            np.bincount(h[~inside], minlength=nH).astype(np.int64),
-            np.bincount(h[inside & dupe], minlength=nH).astype(np.int64),
-            np.where(recorded > 0, tmin, 0).astype(np.uint64))
+    np.minimum.at(tmin, h, ev.t[m])
+    return (m, h, inside, dupe, recorded, distinct, np.bincount(h[~inside], minlength=nH).astype(np.int64),
+            n_inside - distinct, np.where(recorded > 0, tmin, 0).astype(np.uint64))
+
+
+def _distinct_blocks(t: LaunchTable, h: np.ndarray, lin: np.ndarray, n_inside: np.ndarray) -> np.ndarray | None:
+    """Distinct in-grid blocks per launch (None when the grids are too large for one key space: damage)."""
+    grid = np.where(t.grid > 0, t.grid, 0)
+    if float(grid.sum(dtype=np.float64)) >= 2.0**62:
+        return None
+    base = np.concatenate([[0], np.cumsum(grid)[:-1]]).astype(np.int64)
+    key = base[h] + lin.astype(np.int64)
+    if len(key) < 2 or bool(np.all(key[1:] > key[:-1])):
+        return n_inside.copy()
+    key.sort()
+    first = np.r_[True, key[1:] != key[:-1]]
+    if first.all():
+        return n_inside.copy()
+    owner = np.searchsorted(base, key[first], side="right") - 1
+    return np.bincount(owner, minlength=t.n).astype(np.int64)
+
+
+def _repeats(h: np.ndarray, lin: np.ndarray) -> np.ndarray:
+    """Per event: an earlier event (sequence order) had the same launch and blockIdx."""
+    key_o = np.lexsort((np.arange(len(h)), lin, h))
+    hs, ls = h[key_o], lin[key_o]
+    dupe = np.zeros(len(h), bool)
+    dupe[key_o] = np.r_[False, (hs[1:] == hs[:-1]) & (ls[1:] == ls[:-1])]
+    return dupe
 
 
 def _firsts(h: np.ndarray, sel: np.ndarray) -> dict:
@@ -89,9 +118,11 @@ def count_blocks(ev: Events, t: LaunchTable, match: Match, o, drops: Drops, name
 
 
 def _extra_findings(ev, t, m, h, inside, dupe, recorded, outside, dupblk, exp, o, names, notes) -> None:
+    if not (outside.any() or dupblk.any()):
+        return
     x, y, z = ev.x[m], ev.y[m], ev.z[m]
     first_out = _firsts(h, ~inside) if (~inside).any() else {}
-    first_dup = _firsts(h, inside & dupe) if (inside & dupe).any() else {}
+    first_dup = _firsts(h, dupe) if dupe is not None and dupe.any() else {}
     alts = o.surplus_alt if o is not None else {}
     for hh in t.in_order(outside > 0):
         i = first_out[int(hh)]

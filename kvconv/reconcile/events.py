@@ -32,7 +32,7 @@ class Events:
     has_gid: np.ndarray
     has_tag: np.ndarray
     slot: np.ndarray
-    x: np.ndarray  # u8 blockIdx
+    x: np.ndarray  # blockIdx
     y: np.ndarray
     z: np.ndarray
     t: np.ndarray  # %globaltimer ns
@@ -68,12 +68,16 @@ def load_events(d, ctx: int, notes: Notes) -> Events:
         pos = seq.astype(np.int64) - np.searchsorted(oseq, seq).astype(np.int64)
     else:
         pos = seq.astype(np.int64)
-    flags = ev["flags"][be]
-    return Events(n_all=len(ev), idx=be, pos=pos, gridid=ev["gridid"][be], tag=ev["tag"][be], flags=flags,
+    if len(be) == len(ev) and (len(be) < 2 or bool(np.all(be[1:] > be[:-1]))):
+        def col(name):  # every event a block entry, in sequence order: the columns as they are (no copy)
+            return ev[name]
+    else:
+        def col(name):
+            return ev[name][be]
+    flags = col("flags")
+    return Events(n_all=len(ev), idx=be, pos=pos, gridid=col("gridid"), tag=col("tag"), flags=flags,
                   has_gid=(flags & _EV_FLAGS["has_gridid"]) != 0, has_tag=(flags & _EV_FLAGS["has_tag"]) != 0,
-                  slot=ev["kernel_slot"][be], x=ev["block_x"][be].astype(np.uint64),
-                  y=ev["block_y"][be].astype(np.uint64), z=ev["block_z"][be].astype(np.uint64),
-                  t=ev["globaltimer"][be])
+                  slot=col("kernel_slot"), x=col("block_x"), y=col("block_y"), z=col("block_z"), t=col("globaltimer"))
 
 
 @dataclass(frozen=True)

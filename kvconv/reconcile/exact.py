@@ -124,9 +124,20 @@ def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: No
     """The exact join of a context's events; returns the attribution and the events of replays the host never
     recorded (graph-node events, attributed to no replay)."""
     m = Match.empty(ev.n)
-    m.host[:] = xj.lookup(ev.gridid, ev.tag, ev.flags, np.full(ev.n, BLOCK_ENTER, np.uint8))
-    m.join[m.host >= 0] = JOIN_EXACT
-    m.fill_from_host(t)
+    if ev.n:
+        # events come in runs of one launch's blocks: the lookup and the host columns once per run
+        g, tg, fl = ev.gridid, ev.tag, ev.flags
+        chg = (g[1:] != g[:-1]) | (tg[1:] != tg[:-1]) | (fl[1:] != fl[:-1])
+        starts = np.r_[0, np.flatnonzero(chg) + 1]
+        rows = xj.lookup(g[starts], tg[starts], fl[starts], np.full(len(starts), BLOCK_ENTER, np.uint8))
+        lens = np.diff(np.r_[starts, ev.n])
+        ok = rows >= 0
+        r0 = np.maximum(rows, 0)
+        for out, col, none in ((m.host, rows, -1), (m.kind, t.kind, 0), (m.replay, t.replay, 0),
+                               (m.exec, t.graph_exec, 0), (m.ordinal, t.node_ordinal, -1)):
+            vals = rows if col is rows else np.where(ok, col[r0] if t.n else none, none)
+            out[:] = np.repeat(vals.astype(out.dtype, copy=False), lens)
+        m.join[:] = np.repeat(np.where(ok, JOIN_EXACT, 0).astype(np.uint8), lens)
     return m, _explain_unmatched(ev, t, m, names, notes)
 
 

@@ -106,29 +106,51 @@ def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> Gr
     return GraphExec(exec=exec_h, rows=idx, nodes=nodes, ordmap=ordmap, report=report)
 
 
-def graph_device(g: GraphExec, t: LaunchTable, exp_eff: np.ndarray, m, ev_t: np.ndarray) -> dict:
-    """Device side of one graph exec: expected vs recorded, replays seen, per replay span/gap, per node offsets.
-    ``m``: the join's per-event attribution (:class:`kvconv.reconcile.exact.Match`)."""
-    sel = np.flatnonzero((m.kind == GRAPH_NODE) & (m.exec == g.exec))
-    live = g.rows[~t.dup[g.rows]]
-    out = {"expected_executions": int(len(live)), "expected_blocks": int(exp_eff[live].sum()),
-           "device_events": int(len(sel)), "matched_events": int((m.host[sel] >= 0).sum()),
-           "device_replays": [int(r) for r in np.unique(m.replay[sel])],
-           "node_attribution": bool(len(sel) == 0 or (m.ordinal[sel] >= 0).all())}
-    timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
-    if len(sel):
-        timing.update(_timing(g, ev_t[sel].astype(np.int64), m.replay[sel], m.ordinal[sel]))
-    out["timing"] = timing
+def device_side(graphs: list[GraphExec], t: LaunchTable, m, ev_t: np.ndarray) -> list[dict]:
+    """Each graph exec's report, host side and device side. Events matched to a launch are reduced per launch
+    first (count, first and last entry): the rest works on launches, plus the few events attributed to a replay
+    without a launch. ``m``: the join's per-event attribution (:class:`kvconv.reconcile.exact.Match`)."""
+    if not graphs:
+        return []
+    hm = m.host >= 0
+    h = m.host[hm]
+    cnt = np.bincount(h, minlength=t.n)
+    tmin, tmax = np.full(t.n, _I64.max), np.full(t.n, _I64.min)
+    tt = ev_t[hm].astype(np.int64)
+    np.minimum.at(tmin, h, tt)
+    np.maximum.at(tmax, h, tt)
+    loose = np.flatnonzero(~hm & (m.kind == GRAPH_NODE))  # attributed to a replay (and maybe a node) only
+    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
+    out = []
+    for g in graphs:
+        rows = g.rows[cnt[g.rows] > 0]
+        lo = loose[m.exec[loose] == g.exec]
+        live = g.rows[~t.dup[g.rows]]
+        n_loose_attr = m.ordinal[lo] >= 0
+        dev = {"expected_executions": int(len(live)), "expected_blocks": int(exp_eff[live].sum()),
+               "device_events": int(cnt[rows].sum()) + len(lo), "matched_events": int(cnt[rows].sum()),
+               "device_replays": [int(r) for r in np.unique(np.r_[t.launch_id[rows], m.replay[lo]])],
+               "node_attribution": bool(n_loose_attr.all())}
+        timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
+        if len(rows) or len(lo):
+            lt = ev_t[lo].astype(np.int64)
+            timing.update(_timing(g, np.r_[tmin[rows], lt], np.r_[tmax[rows], lt],
+                                  np.r_[t.launch_id[rows], m.replay[lo]].astype(np.uint64),
+                                  np.r_[t.node_ordinal[rows], m.ordinal[lo]].astype(np.int64)))
+        dev["timing"] = timing
+        out.append({**g.report, **dev})
     return out
 
 
-def _timing(g: GraphExec, t: np.ndarray, rep: np.ndarray, ordn: np.ndarray) -> dict:
+def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, ordn: np.ndarray) -> dict:
+    """Per replay span and gap, per node start offsets, from items (a launch or an event) with their first and
+    last entry, replay and node ordinal (-1: none)."""
     ur, rinv = np.unique(rep, return_inverse=True)
     rinv = rinv.reshape(-1)
     R, N = len(ur), len(g.nodes)
     rfirst, rlast = np.full(R, _I64.max), np.full(R, _I64.min)
     np.minimum.at(rfirst, rinv, t)
-    np.maximum.at(rlast, rinv, t)
+    np.maximum.at(rlast, rinv, t_last)
     known = ordn >= 0
     spans = rlast - rfirst
     node_first = None

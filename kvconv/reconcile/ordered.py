@@ -83,11 +83,15 @@ def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: N
     win = _windows(t, order)
     wstart_of = np.searchsorted(win, win, side="left")
     wend_of = np.searchsorted(win, win, side="right") - 1
-    a_raw, b_raw = p + s_lo, p + s_hi
+    a_raw = p + s_lo
     in_a = (a_raw >= 0) & (a_raw < E) & ~surplus
-    in_b = (b_raw >= 0) & (b_raw < E) & ~surplus
     la = np.minimum(np.searchsorted(C, np.clip(a_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
-    lb = np.minimum(np.searchsorted(C, np.clip(b_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
+    if s_hi == s_lo:  # one placement (no drops): the same launches under both offsets
+        b_raw, in_b, lb = a_raw, in_a, la
+    else:
+        b_raw = p + s_hi
+        in_b = (b_raw >= 0) & (b_raw < E) & ~surplus
+        lb = np.minimum(np.searchsorted(C, np.clip(b_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
     wa, wb = wstart_of[la], wend_of[lb]
     exact_node = in_a & in_b & (wa == wb)  # one launch, single-launch window
     win_only = in_a & in_b & ~exact_node & (win[la] == win[lb])

@@ -197,6 +197,8 @@ def match_table(ctx: int, n_all: int, ev, t: LaunchTable, match: Match) -> np.nd
     mt["host_index"] = -1
     mt["node_ordinal"] = -1
     b, hi = ev.idx, match.host
+    if len(b) == n_all and (n_all < 2 or bool(np.all(b[1:] > b[:-1]))):  # every event a block entry, in order
+        b = slice(None)
     mt["host_kind"][b] = match.kind
     if t.n:  # a context may hold device events and no host record at all
         mt["host_index"][b] = np.where(hi >= 0, t.index[np.maximum(hi, 0)], -1)
