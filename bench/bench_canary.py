@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import best  # noqa: E402
+from _timing import best, quietness  # noqa: E402
 from kvconv import dump, layout  # noqa: E402
 
 LISTS = ("expected", "changed", "excluded")
@@ -126,12 +126,13 @@ def main() -> None:
     ap.add_argument("--module", help="time this file instead of kvconv/canary.py (e.g. an older version)")
     a = ap.parse_args()
     mod = load(a.module)
+    print(quietness("start"))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "canary.kvdump"
         planted = make(path, a.records, a.buffers)
         size = os.path.getsize(path)
         print(f"dump: {a.records:,} canary records, {planted['pages']:,} pages, {size / 2**20:.1f} MiB; planted "
-              f"{planted['unexpected']:,} unexpected, {planted['missing']:,} missing; load {os.getloadavg()[0]:.2f}")
+              f"{planted['unexpected']:,} unexpected, {planted['missing']:,} missing")
         with dump.open(path) as d:
             t_np, w_np, _ = best(a.reps, numpy_pass, d)
             t_ck, w_ck, res = best(a.reps, mod.check, d)
@@ -155,6 +156,7 @@ def main() -> None:
             print(f"kvconv canary     {t_cli * 1e3:9.1f} ms (worst {w_cli * 1e3:.1f})  {t_cli / t_np:6.1f}x the numpy "
                   f"pass  (text report, {len(text.splitlines()):,} lines)")
         print("goal: canary.check <= 20x the numpy pass")
+        print(quietness("end"))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ LIVE = layout.ENUMS["header_flags"]["live"]
 # the only ones that change, each with one 8-byte store, so the header checks at every instant.
 _LIVE_VOLATILE = [(_HDR.field(f).offset, _HDR.field(f).size) for f in ("record_count", "drop_count", "payload_crc32")]
 DEFAULT_CHUNK = 1 << 20  # records per chunk when walking large groups
+RELEASE_AFTER_CRC = 256 << 20  # files larger than this give the pages their payload CRC read back
 
 _DEFAULT_CLOCK = {
     "device_event": "gpu_globaltimer",
@@ -118,7 +119,8 @@ class Group:
     def payload_bytes(self) -> memoryview:
         return memoryview(self.records.view(np.uint8).reshape(-1)) if len(self.records) else memoryview(b"")
 
-    def crc_ok(self) -> bool:
+    def crc_ok(self, *, release=None) -> bool:
+        """The payload matches its CRC. ``release(offset, nbytes)``: called on each file range once it is summed."""
         if self.live:
             return True  # a live group's payload_crc32 is 0: not computed while the producer ran
         crc = 0
@@ -126,7 +128,21 @@ class Group:
         buf = self.payload_bytes()
         for s in range(0, len(buf), step):
             crc = zlib.crc32(buf[s : s + step], crc)
+            if release is not None:
+                release(self.payload_offset + s, min(step, len(buf) - s))
         return crc == int(self.header["payload_crc32"])
+
+
+def release_pages(mm, offset: int, nbytes: int) -> None:
+    """Give the whole pages of ``mm`` inside ``[offset, offset + nbytes)`` back (MADV_DONTNEED; a later read faults
+    them in again from the page cache), so that what has been read stops counting in the resident set."""
+    lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if mm is not None and hi > lo:
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError, AttributeError):  # closed, or no madvise here: only memory is at stake
+            pass
 
 
 @dataclass
@@ -402,7 +418,10 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
             recs = np.frombuffer(buf, dtype=layout.kind_dtype(kind), count=count, offset=payload)
         if recs is not None:
             g = Group(index=index, offset=pos, header=hdr, kind=kind, records=recs, path=path, lost_records=lost)
-            if options.verify_checksums and not lost and not g.crc_ok():
+            # A large file's pages are given back as the CRC goes (the page cache keeps them): a command that then
+            # reads only a part of the file stays in bounded memory.
+            if options.verify_checksums and not lost and not g.crc_ok(
+                    release=(lambda lo, n: release_pages(mm, lo, n)) if size > RELEASE_AFTER_CRC else None):
                 problem("error", _err(FormatError, "payload checksum does not match header.payload_crc32", path,
                                       payload, "header.payload_crc32", group=index, code="payload-checksum",
                                       hint="the records are damaged"))

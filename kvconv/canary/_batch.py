@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import layout
+from .. import dump, layout
 from . import _sets
 
 FLAGS = layout.ENUMS["canary_flags"]
@@ -24,17 +24,22 @@ KNOWN_FLAGS = FLAGS["snapshot_clone"] | FLAGS["snapshot_checksum"]
 LISTS = ("expected", "changed", "excluded")
 COLUMNS = ("step", "host_ns", "buffer_id", "name_off", "name_len", "num_pages", "page_size", "compression", "flags")
 CHUNK = 1 << 16  # records per batch at most
+RELEASE_BYTES = 256 << 20  # dumps larger than this give read pages back after each batch (as the emitters do)
 BUDGET = 1 << 21  # referenced pages per batch (about); a single record above it gets a batch of its own
 _LAYOUT = layout.LAYOUTS["canary"]
 
 
 @dataclass(frozen=True)
 class Source:
-    """What every batch of one context reads: its canary_pages (u32) and its strings."""
+    """What every batch of one context reads: its canary_pages (u32) and its strings. ``mm``: the dump's mapping
+    when batches give the pages they read back (dumps over RELEASE_BYTES); ``pages_offset``: the file offset of
+    ``pages[0]`` when they are the mapping itself (one canary_pages group)."""
 
     context_id: int
     pages: np.ndarray
     blob: bytes
+    mm: object = None
+    pages_offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,26 @@ class Batch:
 def source(d, ctx: int) -> Source:
     pages = d.records("canary_pages", context_id=ctx)
     pages = pages["page"] if len(pages) else np.zeros(0, dtype="<u4")
-    return Source(ctx, pages, d.strings(context_id=ctx))
+    pg = d.groups_of("canary_pages", context_id=ctx)
+    mm = getattr(d, "_mm", None) if d.size > RELEASE_BYTES else None
+    return Source(ctx, pages, d.strings(context_id=ctx), mm, pg[0].payload_offset if len(pg) == 1 else None)
+
+
+def release(b: "Batch") -> None:
+    """The batch's records and the page lists they referenced, once copied out (everything a Batch holds is)."""
+    sp, src = b.span, b.span.src
+    if src.mm is None:
+        return
+    rs = int(sp.group.header["record_size"])
+    dump.release_pages(src.mm, sp.group.payload_offset + sp.start * rs, (sp.stop - sp.start) * rs)
+    if src.pages_offset is not None:
+        ends = [b.firsts[k] + b.counts[k] for k in LISTS]
+        ok = [b.in_range[k] & (b.counts[k] > 0) for k in LISTS]
+        lo = min((int(b.firsts[k][m].min()) for k, m in zip(LISTS, ok) if m.any()), default=None)
+        if lo is not None:
+            hi = max(int(e[m].max()) for e, m in zip(ends, ok) if m.any())
+            step = src.pages.strides[0]  # bytes per canary_pages record
+            dump.release_pages(src.mm, src.pages_offset + step * lo, step * (hi - lo))
 
 
 def spans(src: Source, g, base: int):
@@ -126,7 +150,9 @@ def compute(sp: Span, *, missing_writes: bool = True) -> Batch:
     missing = (_sets.difference(sets["expected"], chg, exc, keys=exp) if missing_writes
                else (np.zeros(len(recs) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)))
     texts, name_of = _names(sp.src.blob, cols["name_off"], cols["name_len"])
-    return Batch(sp, cols, firsts, counts, in_range, sets, unsorted, readable, unexpected, missing, texts, name_of)
+    b = Batch(sp, cols, firsts, counts, in_range, sets, unsorted, readable, unexpected, missing, texts, name_of)
+    release(b)
+    return b
 
 
 def tally(b: Batch) -> dict:
