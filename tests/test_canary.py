@@ -451,3 +451,13 @@ def test_batches_split_large_groups_and_long_lists(tmp_path):
     assert [(f.record, f.code) for f in res.findings] == [(7, "canary-unexpected-write"), (n - 1, "canary-unexpected-write")]
     assert f"{big - 1} pages changed outside the expected set: pages 2-{big}" in res.findings[0].message
     assert [s["record"] for s in res.steps.flagged()] == [7, n - 1] and res.steps[n - 1]["unexpected"] == [1]
+
+
+@pytest.mark.parametrize("mod", ["kvconv.canary", "kvconv.canary._batch", "kvconv.canary._sets",
+                                 "kvconv.canary._text", "kvconv.canary._json"])
+def test_docstring_examples(mod):
+    import doctest
+    import importlib
+
+    r = doctest.testmod(importlib.import_module(mod))
+    assert r.failed == 0 and r.attempted > 0

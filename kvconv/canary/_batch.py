@@ -4,9 +4,18 @@ findings and step dicts of that batch (Python work only for records that have a 
 A batch is a :class:`Span` of one canary group: at most ``CHUNK`` records and about ``BUDGET`` referenced pages, so a
 dump of any size is checked in bounded memory, a batch at a time.
 
+    >>> import os, tempfile
     >>> from kvconv import dump
-    >>> from kvconv.canary import _batch
-    >>> # with dump.open(p) as d: src = _batch.source(d, ctx); for sp in _batch.spans(src, g, 0): b = _batch.compute(sp)
+    >>> from kvconv.probe.writer import CanaryRecorder
+    >>> p = os.path.join(tempfile.mkdtemp(), "c.kvdump")
+    >>> with CanaryRecorder(p) as rec:
+    ...     rec.add(step=0, buffer_id=0, name="k", num_pages=8, page_size=1, compression=1, expected=[1, 2],
+    ...             changed=[2, 5])
+    >>> with dump.open(p) as d:
+    ...     (sp,) = spans(source(d, 0), d.groups_of("canary")[0], 0)
+    ...     b = compute(sp)
+    >>> tally(b)["unexpected_pages"], [(s["unexpected"], s["missing"]) for s in iter_step_dicts(b)]
+    (1, [([5], [1])])
 """
 
 from __future__ import annotations
@@ -26,7 +35,6 @@ COLUMNS = ("step", "host_ns", "buffer_id", "name_off", "name_len", "num_pages", 
 CHUNK = 1 << 16  # records per batch at most
 RELEASE_BYTES = 256 << 20  # dumps larger than this give read pages back after each batch (as the emitters do)
 BUDGET = 1 << 21  # referenced pages per batch (about); a single record above it gets a batch of its own
-_LAYOUT = layout.LAYOUTS["canary"]
 
 
 @dataclass(frozen=True)
