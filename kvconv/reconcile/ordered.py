@@ -222,12 +222,13 @@ def _locate_surplus(ev: Events, t, order, C, surplus: int, rounds: int = 64):
 def _replay_multistream(t, order: np.ndarray) -> np.ndarray:
     """For each neighbouring pair in host order that is inside one graph replay: does that replay use >1 stream?"""
     g = t.kind[order] == GRAPH_NODE
-    if not g.any():
+    st = t.stream[order]
+    if not g.any() or not len(st) or bool(np.all(st == st[0])):  # one stream: no replay spans several
         return np.zeros(max(len(order) - 1, 0), bool)
     key = np.where(g, t.graph_exec[order] * np.uint64(0x9E3779B97F4A7C15) + t.launch_id[order], 0)
     ks, inv = np.unique(key, return_inverse=True)
     inv = inv.reshape(-1)
-    pair = np.unique(np.stack([inv.astype(np.uint64), t.stream[order].astype(np.uint64)], axis=1), axis=0)
+    pair = np.unique(np.stack([inv.astype(np.uint64), st.astype(np.uint64)], axis=1), axis=0)
     nstreams = np.bincount(pair[:, 0].astype(np.int64), minlength=len(ks))
     mm = ((nstreams > 1) & (ks != 0))[inv]
     return mm[1:] & mm[:-1]

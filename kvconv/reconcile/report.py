@@ -191,17 +191,17 @@ def host_section(t: LaunchTable, drops) -> dict:
 
 
 def match_table(ctx: int, n_all: int, ev, t: LaunchTable, match: Match) -> np.ndarray:
-    mt = np.zeros(n_all, MATCH_DTYPE)
+    mt = np.empty(n_all, MATCH_DTYPE)
+    b, hi = ev.idx, match.host
+    host_index = np.where(hi >= 0, t.index[np.maximum(hi, 0)], -1) if t.n else np.full(len(hi), -1, np.int64)
     mt["context_id"] = ctx
     mt["device_index"] = np.arange(n_all)
-    mt["host_index"] = -1
-    mt["node_ordinal"] = -1
-    b, hi = ev.idx, match.host
     if len(b) == n_all and (n_all < 2 or bool(np.all(b[1:] > b[:-1]))):  # every event a block entry, in order
-        b = slice(None)
+        b = slice(None)  # whole columns, each written once
+    else:
+        mt["host_kind"], mt["host_index"], mt["replay"], mt["node_ordinal"], mt["join"] = 0, -1, 0, -1, 0
     mt["host_kind"][b] = match.kind
-    if t.n:  # a context may hold device events and no host record at all
-        mt["host_index"][b] = np.where(hi >= 0, t.index[np.maximum(hi, 0)], -1)
+    mt["host_index"][b] = host_index
     mt["replay"][b] = match.replay
     mt["node_ordinal"][b] = match.ordinal
     mt["join"][b] = match.join
