@@ -696,39 +696,56 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
             b, k = np.unique(ms, return_counts=True)
             bins_parts.append(b)
             cnt_parts.append(k.astype(np.int64))
-        # per host row, run by run
-        m = rhid >= 0
-        if m.any():
-            rl = np.diff(np.append(starts, n))
-            hm, rlm, sm_ = rhid[m], rl[m], starts[m]
-            base = _run_bases(hm, rlm, count)
-            rmin = np.minimum.reduceat(tsi, starts)[m]
-            rmax = np.maximum.reduceat(tsi, starts)[m]
-            if _distinct(hm, h.n):
-                count[hm] += rlm
-                np.minimum(first[hm], rmin, out=rmin)
-                first[hm] = rmin
-                np.maximum(last[hm], rmax, out=rmax)
-                last[hm] = rmax
-            else:
-                np.add.at(count, hm, rlm)
-                np.minimum.at(first, hm, rmin)
-                np.maximum.at(last, hm, rmax)
-            if K:
-                take = np.clip(K - base, 0, rlm)
-                tot = int(take.sum())
-                if tot:
-                    if tot == n:  # every event ends a flow
-                        pos = np.arange(n)
-                        slot = np.repeat(hm * K + base - sm_, rlm) + pos
-                    else:
-                        ri = np.repeat(np.arange(len(hm)), take)
-                        off = np.arange(tot) - np.repeat(np.cumsum(take) - take, take)
-                        pos = sm_[ri] + off
-                        slot = hm[ri] * K + base[ri] + off
-                    di = (pos + first_i) if dev_index is None else dev_index[pos]
-                    flow_dev.reshape(-1)[slot] = di
-                    flow_pos[first_i] = di  # increasing
+        _add_runs(count, first, last, flow_dev, flow_pos, K, starts, rhid, tsi, first_i, dev_index)
+    kept_hosts = _kept_hosts(c, options, count, t0)
+    rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
+    return Agg(count=count, first_ts=first, last_ts=last, flow_dev=flow_dev, flow_pos=flow_pos, sm_count=sm,
+               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals, kept=kept,
+               kept_hosts=kept_hosts)
+
+
+def _add_runs(count, first, last, flow_dev, flow_pos, K: int, starts, rhid, tsi, first_i: int, dev_index) -> None:
+    """Fold a chunk's runs (one host row each) into the per-row count, first and last entry, and the first K
+    device events of each row that end a flow."""
+    n = len(tsi)
+    m = rhid >= 0
+    if m.any():
+        rl = np.diff(np.append(starts, n))
+        hm, rlm, sm_ = rhid[m], rl[m], starts[m]
+        base = _run_bases(hm, rlm, count)
+        rmin = np.minimum.reduceat(tsi, starts)[m]
+        rmax = np.maximum.reduceat(tsi, starts)[m]
+        if _distinct(hm, len(count)):
+            count[hm] += rlm
+            np.minimum(first[hm], rmin, out=rmin)
+            first[hm] = rmin
+            np.maximum(last[hm], rmax, out=rmax)
+            last[hm] = rmax
+        else:
+            np.add.at(count, hm, rlm)
+            np.minimum.at(first, hm, rmin)
+            np.maximum.at(last, hm, rmax)
+        if K:
+            take = np.clip(K - base, 0, rlm)
+            tot = int(take.sum())
+            if tot:
+                if tot == n:  # every event ends a flow
+                    pos = np.arange(n)
+                    slot = np.repeat(hm * K + base - sm_, rlm) + pos
+                else:
+                    ri = np.repeat(np.arange(len(hm)), take)
+                    off = np.arange(tot) - np.repeat(np.cumsum(take) - take, take)
+                    pos = sm_[ri] + off
+                    slot = hm[ri] * K + base[ri] + off
+                di = (pos + first_i) if dev_index is None else dev_index[pos]
+                flow_dev.reshape(-1)[slot] = di
+                flow_pos[first_i] = di  # increasing
+
+
+def _kept_hosts(c: Ctx, options: EmitOptions, count: np.ndarray, t0: int | None) -> np.ndarray:
+    """Host rows the filters keep: in --replays, and for --window matched inside it or (unmatched) launched inside
+    it on the host clock."""
+    h = c.host
     kept_hosts = np.ones(h.n, bool)
     if options.replays is not None:
         a, b = options.replays
@@ -742,10 +759,7 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
             hn = h.host_ns.astype(np.int64)
             in_win = in_win | (unm & (hn >= lo) & (hn <= hi))
         kept_hosts &= in_win
-    rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
-    return Agg(count=count, first_ts=first, last_ts=last, flow_dev=flow_dev, flow_pos=flow_pos, sm_count=sm,
-               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals, kept=kept,
-               kept_hosts=kept_hosts)
+    return kept_hosts
 
 
 def _distinct(hm: np.ndarray, n: int) -> bool:
