@@ -10,7 +10,9 @@ unmatched events, duplicated host records), 2 when a dump cannot be read or the 
 launches that ran before coverage began (ordered join, 0 device drops: code coverage-late) are a warning unless
 --strict-coverage.
 --json prints the envelope every command prints (schemas/cli.schema.json); each dump's result follows
-schemas/reconcile.schema.json.
+schemas/reconcile.schema.json. With several dumps, the cross-dump replay skew (kvconv.skew: each replay's start and
+last node on the host clock, against the first dump's) is printed before the status line and is the envelope's
+``cross_dump``.
 """
 
 from __future__ import annotations
@@ -41,27 +43,32 @@ def reconcile_cmd(
 
     Example: kvconv reconcile run.kvdump --json
     """
-    from . import dump, reconcile
+    from . import dump, reconcile, skew
     from .cli_common import Outcome, each, finish
     from .wording import counted
 
     opts = reconcile.ReconcileOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage)
-    results = []
+    results, reports = [], []
 
     def one(p) -> Outcome:
         with dump.open(p, options=dump.ReadOptions(salvage=salvage)) as d:
             r = reconcile.reconcile(d, options=opts)
         results.append(r)
-        return Outcome(r.path, 0 if r.ok else 1, r.to_dict(),
+        reports.append((p, r.to_dict()))
+        return Outcome(r.path, 0 if r.ok else 1, reports[-1][1],
                        text="\n".join(r.lines() + [f.line() for f in r.findings]))
 
     outcomes = each(dump_paths, one)
+    cross = skew.cross_dump([p for p, _ in reports], [r for _, r in reports])
     unreadable = sum(o.error is not None for o in outcomes)
     status = reconcile.status_line(results) if results else ""
     if unreadable:  # every input reported: the status names the ones that could not be read
         status = f"FAILED ({counted(unreadable, 'dump')} unreadable" + (
             f"; the others: {status}" if status else "") + ")"
-    finish("reconcile", outcomes, as_json=as_json, trailer=status)
+    if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
+        status = "\n".join(skew.lines(cross) + [status])
+    finish("reconcile", outcomes, as_json=as_json, trailer=status,
+           **({"cross_dump": cross} if cross is not None else {}))
 
 
 def register(app: typer.Typer) -> None:
