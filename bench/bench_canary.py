@@ -30,7 +30,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import best, quietness  # noqa: E402
 from kvconv import dump, layout  # noqa: E402
 
 LISTS = ("expected", "changed", "excluded")
@@ -125,6 +124,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--module", help="time this file instead of kvconv/canary.py (e.g. an older version)")
     a = ap.parse_args()
+    from _timing import best, quietness  # beside this script (make() alone is also used by tests)
+
     mod = load(a.module)
     print(quietness("start"))
     with tempfile.TemporaryDirectory() as tmp:

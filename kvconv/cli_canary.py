@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from .cli_common import JSON, SALVAGE
+from .cli_common import JSON, PROGRESS, SALVAGE
 
 _LAST_LINE = {"ok": "ok", "failed": "FAILED", "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)"}
 
@@ -24,6 +25,7 @@ def canary_cmd(
     no_missing: bool = typer.Option(False, "--no-missing",
                                     help="do not report expected pages that did not change (mechanism iii)"),
     salvage: bool = SALVAGE,
+    progress: Optional[bool] = PROGRESS,
 ) -> int:
     """Check the location canary: per step and buffer, pages changed outside the expected set (aliasing or external
     writes) and expected pages that did not change (missing writes), with page and slot ranges. Exit 0 clean, 1
@@ -34,11 +36,14 @@ def canary_cmd(
     from . import canary, dump
 
     from .cli_common import Outcome, finish, open_or_finish
+    from .progress import Progress, ProgressOptions
 
     opts = dump.ReadOptions(salvage=salvage)
     out = sys.stdout
     with open_or_finish("canary", dump_path, opts, as_json=as_json) as d:
-        res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing))
+        with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
+                      options=ProgressOptions.from_cli(progress=progress)) as bar:
+            res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing), progress=bar.update)
         code = canary.EXIT_CODES[res.verdict]
         if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
             finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)

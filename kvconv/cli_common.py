@@ -45,6 +45,8 @@ SALVAGE = typer.Option(False, "--salvage", help="read a dump cut short up to its
                                                 "reported as lost to truncation)")
 RELAXED = typer.Option(False, "--relaxed", help="report reconciliation mismatches as warnings, not errors")
 QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
+PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar on a terminal, else a stderr line "
+                        "every 2 s (KVCONV_PROGRESS_INTERVAL seconds)")
 
 
 def output_option(what: str, default=...):

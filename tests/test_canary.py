@@ -461,3 +461,21 @@ def test_docstring_examples(mod):
 
     r = doctest.testmod(importlib.import_module(mod))
     assert r.failed == 0 and r.attempted > 0
+
+
+def test_cli_progress_lines_off_a_terminal(tmp_path):
+    """A long check shows periodic progress on stderr (here every 10 ms); stdout is the same with --no-progress."""
+    import re
+
+    from conftest import load_script
+
+    p = tmp_path / "many.kvdump"
+    load_script(ROOT / "bench" / "bench_canary.py").make(p, 1 << 18, 4)
+    fast = {"KVCONV_PROGRESS_INTERVAL": "0.01"}
+    shown = run_cli("canary", p, env=fast)
+    plain = run_cli("canary", p, "--no-progress", env=fast)
+    assert shown.returncode == plain.returncode == 1 and shown.stdout == plain.stdout
+    line = re.compile(r"^kvconv: canary many\.kvdump: (\d+)% \(")
+    pct = [int(m.group(1)) for m in map(line.match, shown.stderr.splitlines()) if m]
+    assert pct and pct == sorted(pct) and all(0 <= x <= 100 for x in pct), shown.stderr
+    assert not [ln for ln in plain.stderr.splitlines() if line.match(ln)]
