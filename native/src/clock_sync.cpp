@@ -103,6 +103,7 @@ static void sync_due(Ctx* c) {
 }
 
 static void sync_thread_main() {
+  bool relaxed = false;
   std::unique_lock<std::mutex> lk(g_sync_mu);
   while (!g_sync_stop) {
     const int period = g_cfg.sync_ms > 0 ? g_cfg.sync_ms : 1000;
@@ -110,7 +111,9 @@ static void sync_thread_main() {
     if (g_sync_stop) break;
     g_sync_kick = false;
     lk.unlock();
-    for (auto* c : contexts_where(syncable)) sync_due(c);
+    const std::vector<Ctx*> cs = contexts_where(syncable);
+    if (!relaxed && !cs.empty()) relaxed = relaxed_capture_mode();  // once the driver is up (a context exists)
+    for (auto* c : cs) sync_due(c);
     lk.lock();
   }
 }

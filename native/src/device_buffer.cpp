@@ -1,7 +1,16 @@
-// The device side's memory: the per-context state (slot counter, drop counter; device memory, one atomic per block)
-// and the event buffer the patch writes, in pinned host memory so that what the GPU wrote outlives the context (an
-// illegal-address error) and can be copied into the dump file while the program runs, without any CUDA call.
+// The device side's memory and how its events reach the dump file.
+//
+// One device allocation per context holds the state (slot counter, drop counter) and, right after it, the event
+// buffer the patch writes: device memory, as fast for the patch as the tracer before the live file (pinned host
+// memory made every patched kernel's stores cross PCIe: +0.1-0.4% of a step on the H200). A flusher thread copies the
+// events that arrived into the file every KVCONV_FLUSH_MS with an ordinary async copy on its own non-blocking stream
+// (never ordered with the program's work) into pinned staging memory, and publishes the complete ones. What a death
+// can lose is what was launched since the last copy: every target launch adds its blocks to the device group's
+// drop_count and every copy takes the published ones off, so drop_count bounds it at every instant.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -9,9 +18,12 @@
 
 namespace kvtr {
 
+static const uint64_t kStageEvents = 16384;   // 1 MiB of pinned staging per context; more pending: several copies
+static const uint64_t kAheadBytes = 256 << 10;  // file pages populated ahead of each table's end
+
 // Called with c->mu held, inside a sanitizer callback, before the first patched module is patched.
 static bool alloc_state(Ctx* c, uint64_t* state) {
-  const uint64_t bytes = KVCONV_STATE_ALIGN + KVCONV_EVENTS_OFFSET;
+  const uint64_t bytes = KVCONV_STATE_ALIGN + KVCONV_EVENTS_OFFSET + g_cfg.dev_cap * sizeof(kvconv_device_event_t);
   void* p = nullptr;
   if (!SAN(sanitizerAlloc(c->ctx, &p, bytes))) return false;
   const uint64_t base = reinterpret_cast<uint64_t>(p);
@@ -22,26 +34,6 @@ static bool alloc_state(Ctx* c, uint64_t* state) {
     return false;
   }
   return true;
-}
-
-// The event buffer: pinned host memory (its UVA address is its device address), zeroed so that a record not yet
-// written reads as incomplete. Device memory if pinned memory cannot be had (then copied out only at the end).
-static uint64_t alloc_events(Ctx* c) {
-  const uint64_t bytes = g_cfg.dev_cap * sizeof(kvconv_device_event_t);
-  void* h = nullptr;
-  if (SAN(sanitizerAllocHost(c->ctx, &h, bytes)) && h) {
-    std::memset(h, 0, bytes);
-    CUdeviceptr d = reinterpret_cast<CUdeviceptr>(h);
-    if (g_drv.memHostGetDevicePointer && g_drv.memHostGetDevicePointer(&d, h, 0) != CUDA_SUCCESS)
-      d = reinterpret_cast<CUdeviceptr>(h);
-    c->host_events.store(static_cast<kvconv_device_event_t*>(h), std::memory_order_release);
-    return static_cast<uint64_t>(d);
-  }
-  logf(0, "warning: no pinned host memory for context %u's events: device memory, copied out only at the end",
-       c->index);
-  void* p = nullptr;
-  if (!SAN(sanitizerAlloc(c->ctx, &p, bytes))) return 0;
-  return reinterpret_cast<uint64_t>(p);
 }
 
 bool setup_device(Ctx* c) {
@@ -59,46 +51,137 @@ bool setup_device(Ctx* c) {
   if (!SAN(sanitizerGetStreamHandle(c->ctx, nullptr, &c->null_stream))) c->null_stream = nullptr;
   static kvconv_dev_state init;  // pageable source; copied to staging before the call returns
   std::memset(&init, 0, sizeof init);
-  init.events = alloc_events(c);
+  init.events = state + KVCONV_EVENTS_OFFSET;
   init.capacity = g_cfg.dev_cap;
-  if (!init.events) return false;
+  // The event buffer starts zeroed: the flusher reads slots the patch may not have written yet, and only a written
+  // slot passes complete() (memory reused from an earlier allocation could otherwise hold a stale event).
+  if (!SAN(sanitizerMemset(reinterpret_cast<void*>(init.events), 0, g_cfg.dev_cap * sizeof(kvconv_device_event_t),
+                           c->null_stream)))
+    return false;
   if (!SAN(sanitizerMemcpyHostToDeviceAsync(reinterpret_cast<void*>(state), &init, sizeof init, c->null_stream)))
     return false;
   if (!SAN(sanitizerStreamSynchronize(c->null_stream))) return false;
   c->dev_events_addr = init.events;
   c->state_dev = state;
   c->setup_failed = false;
-  if (c->host_events.load()) watch_for_crash(c);
-  logf(1, "context %u: %llu-event buffer at %#llx (%s), state at %#llx", c->index, (unsigned long long)g_cfg.dev_cap,
-       (unsigned long long)init.events, c->host_events.load() ? "pinned host" : "device", (unsigned long long)state);
+  logf(1, "context %u: %llu-event device buffer at %#llx, state at %#llx", c->index,
+       (unsigned long long)g_cfg.dev_cap, (unsigned long long)init.events, (unsigned long long)state);
   return true;
 }
 
 // Complete: every 16-byte store of the patch has landed (each holds a field that is never 0 in a real event), at
-// the slot its sequence names. The buffer starts zeroed, so a slot not yet written fails.
-static bool complete(const kvconv_device_event_t* e, uint64_t k) {
-  const volatile kvconv_device_event_t* v = e;
-  return v->globaltimer && v->pc && v->gridid && v->sequence == k && v->kernel_slot && v->kind;
+// the slot its sequence names.
+static bool complete(const kvconv_device_event_t& e, uint64_t k) {
+  return e.globaltimer && e.pc && e.gridid && e.sequence == k && e.kernel_slot && e.kind;
+}
+
+// The flusher's stream and staging memory, made on its first copy (context pushed on the flusher thread).
+static bool flusher_init(Ctx* c) {
+  Flusher& f = c->fl;
+  f.tried = true;
+  void* h = nullptr;
+  if (!g_drv.ok || !g_drv.streamSynchronize || g_drv.streamCreate(&f.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      g_drv.memHostAlloc(&h, kStageEvents * sizeof(kvconv_device_event_t), CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
+    logf(0, "warning: context %u: no stream or staging memory for the flusher; device events reach the dump file "
+            "only at the end (a death loses them, counted as possibly lost)", c->index);
+    return false;
+  }
+  f.stage = static_cast<kvconv_device_event_t*>(h);
+  f.stage_cap = kStageEvents;
+  if (!g_drv.memcpyDtoHAsync) f.via_sanitizer = SAN(sanitizerGetStreamHandle(c->ctx, f.stream, &f.san_stream));
+  f.ok = g_drv.memcpyDtoHAsync || f.via_sanitizer;
+  return f.ok;
+}
+
+// n events from slot `from` into the staging memory (context pushed). The driver's async copy first; if it refuses
+// the sanitizer's allocation as a source, the sanitizer's own copy on the same stream.
+static bool copy_to_stage(Ctx* c, uint64_t from, uint64_t n) {
+  Flusher& f = c->fl;
+  const uint64_t src = c->dev_events_addr + from * sizeof(kvconv_device_event_t);
+  const size_t bytes = n * sizeof(kvconv_device_event_t);
+  if (!f.via_sanitizer) {
+    CUresult r = g_drv.memcpyDtoHAsync(f.stage, static_cast<CUdeviceptr>(src), bytes, f.stream);
+    if (r == CUDA_SUCCESS) r = g_drv.streamSynchronize(f.stream);
+    if (r == CUDA_SUCCESS) return true;
+    if (r != CUDA_ERROR_INVALID_VALUE || !SAN(sanitizerGetStreamHandle(c->ctx, f.stream, &f.san_stream))) {
+      logf(0, "warning: context %u: device events cannot be copied out (CUDA error %d); the dump file keeps what "
+              "was copied before, the rest is counted as possibly lost", c->index, static_cast<int>(r));
+      return false;
+    }
+    f.via_sanitizer = true;
+    logf(1, "context %u: the flusher copies through the sanitizer", c->index);
+  }
+  return SAN(sanitizerMemcpyDeviceToHost(f.stage, reinterpret_cast<void*>(src), bytes, f.san_stream)) &&
+         SAN(sanitizerStreamSynchronize(f.san_stream));
+}
+
+// Staged events [from, from + n) -> the file: the complete prefix (while kernels run, only what was already complete
+// one copy earlier: the four stores of an event still being written are then surely all landed). flush_mu held.
+static uint64_t publish_staged(Ctx* c, uint64_t from, uint64_t n, bool settled) {
+  kvconv::LiveGroup& g = c->live.device_event;
+  if (g.count() != from) return 0;  // finish_device published meanwhile
+  uint64_t k = 0;
+  while (k < n && complete(c->fl.stage[k], from + k)) ++k;
+  uint64_t upto = from + k;
+  if (!settled) {
+    upto = std::min(upto, std::max(c->fl.seen_end, from));
+    c->fl.seen_end = from + k;
+  }
+  if (upto <= from) return 0;
+  std::memcpy(g.at(from), c->fl.stage, (upto - from) * sizeof(kvconv_device_event_t));
+  if (!g.advance(from, upto)) return 0;
+  g.sub_drops(upto - from);
+  return upto - from;
 }
 
 uint64_t flush_events(Ctx* c, bool settled) {
-  kvconv_device_event_t* ev = c->host_events.load(std::memory_order_acquire);
   kvconv::LiveGroup& g = c->live.device_event;
-  if (!ev || !g.valid()) return 0;
-  const uint64_t from = g.count(), cap = std::min(g.capacity(), g_cfg.dev_cap);
-  uint64_t end = from;
-  while (end < cap && complete(ev + end, end)) ++end;
-  uint64_t upto = end;
-  if (!settled) {  // while kernels run: copy only what was already complete one flush ago
-    upto = std::min(end, c->seen_end.load(std::memory_order_relaxed));
-    c->seen_end.store(end, std::memory_order_relaxed);
+  uint64_t from, n;
+  {
+    std::lock_guard<std::mutex> lk(c->flush_mu);
+    if (c->finished || !c->state_dev || !g.valid() || c->dev_unreadable.load()) return 0;
+    from = g.count();
+    const uint64_t cap = std::min(g.capacity(), g_cfg.dev_cap);
+    // drop_count: launched blocks not yet in the file (plus overflow): nothing pending, nothing to copy (idle)
+    n = std::min(std::min(g.drops(), cap - from), kStageEvents);
+    if (!n) return 0;
+    c->copying = true;  // finish_device waits for the copy to end before it takes over
   }
-  if (upto <= from) return 0;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  std::memcpy(g.at(from), ev + from, (upto - from) * sizeof *ev);
-  if (!g.advance(from, upto)) return 0;  // a crash flush got there first, with the same bytes
-  g.sub_drops(upto - from);
-  return upto - from;
+  bool ok = g_drv.ok && g_drv.ctxPush(c->ctx) == CUDA_SUCCESS;
+  if (ok) {
+    ok = (c->fl.tried ? c->fl.ok : flusher_init(c)) && copy_to_stage(c, from, n);
+    CUcontext popped;
+    g_drv.ctxPop(&popped);
+  }
+  std::lock_guard<std::mutex> lk(c->flush_mu);
+  c->copying = false;
+  c->flush_cv.notify_all();
+  if (!ok) {
+    c->dev_unreadable.store(true);
+    return 0;
+  }
+  return c->finished ? 0 : publish_staged(c, from, n, settled);
+}
+
+// Flusher thread: the file pages each table will be written next are made present and writable now, so that the
+// launch callbacks (host rows) and the copies (events) never wait on a page fault.
+void populate_ahead(Ctx* c) {
+  static bool can = true;
+  kvconv::LiveGroup* gs[3] = {&c->live.graph_node, &c->live.eager_launch, &c->live.device_event};
+  for (int i = 0; i < 3 && can; ++i) {
+    kvconv::LiveGroup& g = *gs[i];
+    if (!g.valid()) continue;
+    const uint64_t ahead = kAheadBytes / g.record_size();
+    const uint64_t end = g.count() + g.drops();  // rows reserved or pending lie below this
+    uint64_t& done = c->fl.ahead[i];
+    if (done >= g.capacity() || done >= end + ahead / 2) continue;
+    const uint64_t to = std::min(g.capacity(), end + ahead);
+    if (!g.populate(std::max(done, g.count()), to)) {
+      logf(1, "madvise(MADV_POPULATE_WRITE) unavailable: table appends take their page faults");
+      can = false;
+    }
+    done = to;
+  }
 }
 
 void count_launched_blocks(Ctx* c, uint64_t blocks) {
@@ -106,24 +189,34 @@ void count_launched_blocks(Ctx* c, uint64_t blocks) {
   c->live.device_event.add_drops(blocks * ((g_cfg.enter ? 1 : 0) + (g_cfg.exit ? 1 : 0)));
 }
 
-// Events in device memory (no pinned buffer): copied out now, the complete prefix published.
-static void copy_from_device(Ctx* c, uint64_t reserved) {
-  std::vector<kvconv_device_event_t> evs(reserved);
-  if (reserved && !SAN(sanitizerMemcpyDeviceToHost(evs.data(), reinterpret_cast<void*>(c->dev_events_addr),
-                                                   reserved * sizeof(kvconv_device_event_t), c->null_stream)))
-    return;
-  uint64_t k = 0;
-  while (k < evs.size() && evs[k].sequence == k && evs[k].kind != 0) ++k;
-  if (k && c->live.device_event.put(evs.data(), k)) c->live.device_event.sub_drops(k);
+// The final copy (sanitizer copy on the NULL stream: valid inside a callback and at exit): events [count, reserved)
+// in chunks, the complete prefix published.
+static void copy_rest(Ctx* c, uint64_t reserved) {
+  kvconv::LiveGroup& g = c->live.device_event;
+  std::vector<kvconv_device_event_t> evs;
+  while (g.count() < reserved) {
+    const uint64_t from = g.count(), n = std::min<uint64_t>(reserved - from, 65536);
+    evs.resize(n);
+    if (!SAN(sanitizerMemcpyDeviceToHost(evs.data(), reinterpret_cast<void*>(c->dev_events_addr + from * sizeof evs[0]),
+                                         n * sizeof evs[0], c->null_stream)))
+      return;
+    uint64_t k = 0;
+    while (k < n && complete(evs[k], from + k)) ++k;
+    if (!k || !g.put(evs.data(), k)) return;
+    g.sub_drops(k);
+    if (k < n) return;  // a slot reserved but never written: the rest is not a prefix any more
+  }
 }
 
 // Final copy-out. `synchronize`: wait for the context's work first (not inside a sanitizer callback). With the
 // device state readable, drops are exact (overflow + slots reserved whose record never landed); without it (a
 // sticky CUDA error) the group keeps its running count of launched blocks not in the file: an upper bound.
 void finish_device(Ctx* c, bool synchronize) {
-  std::lock_guard<std::mutex> lk(c->flush_mu);
+  std::unique_lock<std::mutex> lk(c->flush_mu);
   if (c->finished) return;
   c->finished = true;
+  // A flusher copy in progress ends first; bounded, in case it waits on a driver lock the caller holds (teardown).
+  c->flush_cv.wait_for(lk, std::chrono::milliseconds(200), [c] { return !c->copying; });
   if (!c->state_dev) return;
   if (synchronize) sync_context(c->ctx);
   kvconv_dev_state st;
@@ -131,11 +224,7 @@ void finish_device(Ctx* c, bool synchronize) {
   c->dev_state_read = SAN(sanitizerMemcpyDeviceToHost(&st, reinterpret_cast<void*>(c->state_dev), sizeof st,
                                                        c->null_stream));
   const uint64_t reserved = std::min<uint64_t>(st.next, g_cfg.dev_cap);
-  if (c->host_events.load()) {
-    flush_events(c, true);
-  } else if (c->dev_state_read) {
-    copy_from_device(c, reserved);
-  }
+  if (c->dev_state_read && c->live.device_event.valid()) copy_rest(c, reserved);
   const uint64_t published = c->live.device_event.count();
   if (c->dev_state_read) {
     c->dev_next = st.next;
@@ -143,7 +232,6 @@ void finish_device(Ctx* c, bool synchronize) {
     c->dev_lost_unwritten = reserved > published ? reserved - published : 0;
     c->live.device_event.set_drops(c->dev_drops + c->dev_lost_unwritten);
   }
-  c->host_events.store(nullptr, std::memory_order_release);  // pinned memory goes with the context
 }
 
 }  // namespace kvtr

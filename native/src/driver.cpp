@@ -1,4 +1,4 @@
-// The few driver calls the tracer makes (clock sync, synchronize before the final copy, GPU name), through
+// The few driver calls the tracer makes (clock sync, the flusher's copies, synchronize before the final copy, GPU name), through
 // dlopen("libcuda.so.1"): the driver is never linked. And the check of every sanitizer return code.
 #include <dlfcn.h>
 
@@ -30,6 +30,9 @@ void load_driver() {
   sym(h, g_drv.deviceGetName, "cuDeviceGetName");
   sym(h, g_drv.driverGetVersion, "cuDriverGetVersion");
   sym(h, g_drv.streamIsCapturing, "cuStreamIsCapturing");
+  sym(h, g_drv.memcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+  sym(h, g_drv.streamSynchronize, "cuStreamSynchronize");
+  sym(h, g_drv.threadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
   g_drv.ok = g_drv.ctxPush && g_drv.ctxPop && g_drv.ctxSync && g_drv.moduleLoad && g_drv.moduleGetFunction &&
              g_drv.streamCreate && g_drv.memHostAlloc && g_drv.memHostGetDevicePointer && g_drv.launchKernel;
 }
@@ -46,6 +49,11 @@ bool sync_context(CUcontext ctx) {
   CUcontext popped;
   g_drv.ctxPop(&popped);
   return ok;
+}
+
+bool relaxed_capture_mode() {
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  return g_drv.threadExchangeStreamCaptureMode && g_drv.threadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS;
 }
 
 bool san_ok(SanitizerResult r, const char* what) {

@@ -1,18 +1,20 @@
 // Every way the traced process can end, and what each leaves on disk. The live file (live_file.h) is a valid dump at
 // every instant; what these paths add is the last events and the exact counts:
-//   - the flusher thread copies complete device events from the pinned buffer into the file every KVCONV_FLUSH_MS;
+//   - the flusher thread copies complete device events from device memory into the file every KVCONV_FLUSH_MS;
 //   - clean ends (atexit, last context torn down, SIGTERM/SIGINT) synchronize, take an end clock-sync pair and
 //     write the finished dump (tmp + rename over the live one);
-//   - crash signals (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) copy what the GPU wrote since the last flush (memcpy and
-//     atomics only: async-signal-safe), then let the signal take its course;
+//   - crash signals (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) wake the flusher for one more copy of everything the
+//     GPU wrote and wait for it (at most 0.5 s), then let the signal take its course;
 //   - os._exit, SIGKILL, the OOM killer: nothing runs; the file holds everything up to the last flush, and each
 //     group's drop_count counts what may be missing (launched blocks whose events are not in the file).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <thread>
 
@@ -21,34 +23,73 @@
 namespace kvtr {
 
 // ------------------------------------------------------------------ the flusher thread
-static std::mutex g_flush_mu;
-static std::condition_variable g_flush_cv;
-static bool g_flush_stop = false;
+// Wakes every KVCONV_FLUSH_MS (poll on a pipe, so that a crash handler can wake it with an async-signal-safe
+// write): copies each context's new device events into the file, populates file pages ahead of the tables. An idle
+// context (nothing launched since the last copy) costs a load, no driver call.
+static int g_flush_pipe[2] = {-1, -1};
+static std::atomic<bool> g_flush_stop{false};
+static std::atomic<bool> g_flush_running{false};
+static std::atomic<uint32_t> g_crash_asked{0}, g_crash_done{0};
 static std::thread g_flush_thread;
+static pthread_t g_flush_tid;
 
-static bool has_pinned(const Ctx* c) { return c->alive && c->host_events.load() != nullptr; }
+static bool flushable(const Ctx* c) { return c->alive && c->state_dev && !c->finished; }
 
 static void flush_thread_main() {
-  std::unique_lock<std::mutex> lk(g_flush_mu);
-  while (!g_flush_stop) {
-    g_flush_cv.wait_for(lk, std::chrono::milliseconds(g_cfg.flush_ms), [] { return g_flush_stop; });
-    if (g_flush_stop) break;
-    lk.unlock();
-    for (auto* c : contexts_where(has_pinned)) {
-      std::lock_guard<std::mutex> f(c->flush_mu);
-      if (!c->finished) flush_events(c, false);
+  bool relaxed = false;
+  struct pollfd p = {g_flush_pipe[0], POLLIN, 0};
+  while (!g_flush_stop.load()) {
+    if (poll(&p, 1, g_cfg.flush_ms) > 0) {
+      char buf[64];
+      while (read(g_flush_pipe[0], buf, sizeof buf) > 0) {
+      }
     }
-    lk.lock();
+    if (g_flush_stop.load()) break;
+    const uint32_t asked = g_crash_asked.load();
+    const bool crash = asked != g_crash_done.load();
+    const std::vector<Ctx*> cs = contexts_where(flushable);
+    if (!relaxed && !cs.empty()) relaxed = relaxed_capture_mode();  // once the driver is up (a context exists)
+    for (auto* c : cs) {
+      while (flush_events(c, crash) && crash) {  // a crash: everything complete, in as many copies as it takes
+      }
+      if (!crash) populate_ahead(c);
+    }
+    if (crash) g_crash_done.store(asked);
   }
 }
 
-static void stop_flush_thread() {
-  {
-    std::lock_guard<std::mutex> lk(g_flush_mu);
-    g_flush_stop = true;
+static void wake_flusher() {
+  const char b = 1;
+  ssize_t r = write(g_flush_pipe[1], &b, 1);
+  (void)r;
+}
+
+static void start_flush_thread() {
+  if (pipe2(g_flush_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    logf(0, "warning: no flusher pipe (%s): device events reach the dump file only at the end", strerror(errno));
+    return;
   }
-  g_flush_cv.notify_all();
+  g_flush_thread = std::thread(flush_thread_main);
+  g_flush_tid = g_flush_thread.native_handle();
+  g_flush_running.store(true);
+}
+
+static void stop_flush_thread() {
+  g_flush_running.store(false);
+  g_flush_stop.store(true);
+  if (g_flush_pipe[1] >= 0) wake_flusher();
   if (g_flush_thread.joinable()) g_flush_thread.join();
+}
+
+// From a crash handler: have the flusher copy out everything the GPU wrote, and wait for it (bounded: if the crashing
+// thread holds a driver lock the copy needs, what was not copied stays counted as possibly lost). Async-signal-safe:
+// atomics, write, nanosleep.
+static void crash_flush() {
+  if (!g_flush_running.load() || pthread_equal(pthread_self(), g_flush_tid)) return;
+  const uint32_t asked = g_crash_asked.fetch_add(1) + 1;
+  wake_flusher();
+  const struct timespec step = {0, 1000000};
+  for (int i = 0; i < 500 && static_cast<int32_t>(g_crash_done.load() - asked) < 0; ++i) nanosleep(&step, nullptr);
 }
 
 // ------------------------------------------------------------------ clean ends
@@ -129,16 +170,6 @@ static void sig_watcher() {
 // ------------------------------------------------------------------ crash signals
 static const int kCrashSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
 static struct sigaction g_old_crash[NSIG];
-static const int kMaxCrashCtx = 64;
-static std::atomic<Ctx*> g_crash_ctx[kMaxCrashCtx];
-
-static void crash_flush() {
-  for (int i = 0; i < kMaxCrashCtx; ++i) {
-    Ctx* c = g_crash_ctx[i].load(std::memory_order_acquire);
-    if (c) flush_events(c, true);  // no lock: identical bytes if the flusher is copying too; the count moves once
-  }
-}
-
 static void crash_handler(int sig, siginfo_t* si, void* uc) {
   if (getpid() == g_pid) crash_flush();
   const struct sigaction& old = g_old_crash[sig];
@@ -152,13 +183,6 @@ static void crash_handler(int sig, siginfo_t* si, void* uc) {
   }
   signal(sig, SIG_DFL);  // the default action once this handler returns (the re-raised signal is pending till then)
   raise(sig);
-}
-
-void watch_for_crash(Ctx* c) {
-  for (int i = 0; i < kMaxCrashCtx; ++i) {
-    Ctx* none = nullptr;
-    if (g_crash_ctx[i].compare_exchange_strong(none, c)) return;
-  }
 }
 
 void install_exit_paths() {
@@ -179,7 +203,7 @@ void install_exit_paths() {
   sigemptyset(&cs.sa_mask);
   cs.sa_flags = SA_SIGINFO | SA_ONSTACK;
   for (int s : kCrashSignals) sigaction(s, &cs, &g_old_crash[s]);
-  g_flush_thread = std::thread(flush_thread_main);
+  start_flush_thread();
   start_sync_thread();
 }
 

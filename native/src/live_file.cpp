@@ -33,6 +33,20 @@ void LiveGroup::sub_drops(uint64_t n) {
   }
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+bool LiveGroup::populate(uint64_t from, uint64_t to) const {
+  if (!h_) return false;
+  to = to < capacity() ? to : capacity();
+  if (from >= to) return true;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at(from)) / page * page;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(at(to));
+  return madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) == 0;
+}
+
 bool LiveGroup::put(const void* recs, uint64_t n) {
   const uint64_t c = count();
   if (c + n > capacity()) {

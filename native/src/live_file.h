@@ -48,6 +48,10 @@ class LiveGroup {
   void sub_drops(uint64_t n);  // saturating at 0
   void set_drops(uint64_t n) { __atomic_store_n(&h_->drop_count, n, __ATOMIC_RELEASE); }
 
+  // Page in records [from, to) (clamped to the capacity) for writing, without changing a byte
+  // (MADV_POPULATE_WRITE, Linux 5.14+): a later write there takes no page fault (~3.5 us each in a Firecracker VM,
+  // one per 42 host rows). Safe beside concurrent writers. False if the kernel cannot.
+  bool populate(uint64_t from, uint64_t to) const;
   // Single writer (caller holds its own lock): copy n records to the end, publish them. False when full.
   bool put(const void* recs, uint64_t n);
   // Many writers, lock-free: reserve a row from `next`, write it with the u32 at `marker_off` (never 0 in a valid

@@ -11,6 +11,7 @@
 //   injection.cpp     InitializeInjection and the callback dispatch
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -72,11 +73,18 @@ struct Drv {
   CUresult (*deviceGetName)(char*, int, CUdevice) = nullptr;
   CUresult (*driverGetVersion)(int*) = nullptr;
   CUresult (*streamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
+  CUresult (*memcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*streamSynchronize)(CUstream) = nullptr;
+  CUresult (*threadExchangeStreamCaptureMode)(CUstreamCaptureMode*) = nullptr;
 };
 extern Drv g_drv;
 void load_driver();
 std::string gpu_name(int device);
 bool sync_context(CUcontext ctx);  // push, synchronize, pop (not inside a sanitizer callback)
+// For the tracer's own threads: their driver calls (copies, stream synchronize, allocations) are never refused by,
+// nor invalidate, a global-mode graph capture the program runs meanwhile on another thread (torch.cuda.graph's
+// default): the thread's capture mode becomes relaxed. False before the driver is initialized (call again later).
+bool relaxed_capture_mode();
 
 extern std::atomic<uint64_t> g_sanitizer_errors;
 bool san_ok(SanitizerResult r, const char* what);
@@ -98,6 +106,18 @@ struct SyncRes {
   CUdeviceptr dev = 0;
 };
 
+// The flusher thread's per-context resources: its own non-blocking stream (never ordered with the program's work) and
+// a pinned staging buffer the device events are copied into before the complete ones go into the file.
+struct Flusher {
+  bool tried = false, ok = false, via_sanitizer = false;
+  CUstream stream = nullptr;
+  Sanitizer_StreamHandle san_stream = nullptr;
+  kvconv_device_event_t* stage = nullptr;
+  uint64_t stage_cap = 0;  // events
+  uint64_t seen_end = 0;   // complete prefix seen by the previous copy (published once seen twice)
+  uint64_t ahead[3] = {0, 0, 0};  // records populated ahead in graph_node, eager_launch, device_event
+};
+
 // A context's groups in the live dump file, in the order of the finished dump.
 struct LiveGroups {
   kvconv::LiveGroup strings, kernel, clock_sync, device_event, graph_node, eager_launch;
@@ -110,8 +130,7 @@ struct Ctx {
   std::mutex mu;  // guards the maps and the device set-up below
   bool patches_loaded = false, setup_failed = false;
   uint64_t state_dev = 0;  // aligned address of kvconv_dev_state (device memory)
-  uint64_t dev_events_addr = 0;  // the event buffer as the device sees it
-  std::atomic<kvconv_device_event_t*> host_events{nullptr};  // pinned buffer the patch writes (NULL once gone)
+  uint64_t dev_events_addr = 0;  // the event buffer (device memory, right after the state)
   Sanitizer_StreamHandle null_stream = nullptr;
   std::unordered_set<CUmodule> patched_modules;
   std::unordered_map<CUfunction, uint32_t> fn_slot;  // 0 = known non-target
@@ -128,9 +147,12 @@ struct Ctx {
   uint64_t last_sync_ns = 0;
   uint32_t sync_failures = 0;
   SyncRes sres;
-  // device events: copied out of the pinned buffer into live.device_event by the flusher
-  std::mutex flush_mu;
-  std::atomic<uint64_t> seen_end{0};  // complete prefix seen by the previous flush (copied once seen twice)
+  // device events: copied from device memory into live.device_event by the flusher thread (device_buffer.cpp)
+  std::mutex flush_mu;             // guards finished, copying
+  std::condition_variable flush_cv;  // copying went false
+  bool copying = false;            // the flusher is inside a driver copy of this context (flush_mu not held)
+  std::atomic<bool> dev_unreadable{false};  // a copy failed (sticky CUDA error): no more copies during the run
+  Flusher fl;                      // the flusher thread's own resources (only that thread touches them)
   // end state (at teardown / exit)
   bool alive = true;
   bool finished = false;
@@ -157,9 +179,12 @@ uint64_t encode(const Ctx* c, uint32_t slot, uint64_t tag);
 
 // ------------------------------------------------------------------ device_buffer.cpp
 bool setup_device(Ctx* c);  // c->mu held, inside a sanitizer callback
-uint64_t flush_events(Ctx* c, bool settled);  // pinned buffer -> dump file; returns events newly published
+// Flusher thread only (or a thread that stopped it): device memory -> dump file; returns events newly published.
+// `settled`: publish every complete event (a crash flush); else only those already complete one copy earlier.
+uint64_t flush_events(Ctx* c, bool settled);
+void populate_ahead(Ctx* c);  // flusher thread: page in the file ahead of each table's end (no faults on append)
 void count_launched_blocks(Ctx* c, uint64_t blocks);
-void finish_device(Ctx* c, bool synchronize);  // final copy-out, exact drops, pinned buffer released from use
+void finish_device(Ctx* c, bool synchronize);  // final copy-out, exact drops; the flusher leaves the context alone
 
 // ------------------------------------------------------------------ host_tables.cpp
 kvconv_host_launch_t host_record(const Sanitizer_LaunchData& ld, uint32_t slot);
@@ -183,6 +208,5 @@ void write_all(const char* reason);
 void finalize_all(const char* reason, bool from_signal);
 void on_context_destroy(CUcontext ctx);
 void install_exit_paths();
-void watch_for_crash(Ctx* c);  // its pinned events are copied out by the crash-signal handler
 
 }  // namespace kvtr

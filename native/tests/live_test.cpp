@@ -117,8 +117,11 @@ static void add_sync(LiveGroup& g, uint32_t i) {
 }
 
 // One launch of 3 blocks: the blocks are counted as possibly lost at launch, then the host row, then (as the
-// tracer's flusher does) the events copied out and taken off the possibly-lost count.
+// tracer's flusher does) the events copied out and taken off the possibly-lost count. Before each launch the pages
+// the tables write next are populated (the flusher's populate_ahead): it must never change a byte of the file.
+static bool g_populated = true;
 static void launch(std::vector<LiveGroup>& gs, uint64_t i, uint64_t* next) {
+  g_populated &= gs[4].populate(*next, *next + 50) && gs[3].populate(gs[3].count(), gs[3].count() + 70);
   gs[3].add_drops(3);
   const kvconv_host_launch_t r = row(100 + i, i + 1);
   gs[4].append_marked(&r, offsetof(kvconv_host_launch_t, flags), next);
@@ -147,7 +150,7 @@ static int sequential(const char* path) {
   add_kernel(g1);
   uint64_t next1 = 0;
   for (uint64_t i = 0; i < 4; ++i) launch(g1, i, &next1);
-  std::printf("steps %ld\n", g_steps);
+  std::printf("steps %ld populate %d\n", g_steps, g_populated ? 1 : 0);
   return 0;
 }
 
@@ -170,7 +173,13 @@ static int threaded(int n, const char* path) {
   uint64_t i = 0;
   std::printf("ready\n");
   std::fflush(stdout);
-  while (true) {  // the "flusher": events in batches of 3, bounded by the group's capacity
+  uint64_t ahead = 0;
+  while (true) {  // the "flusher": events in batches of 3, bounded by the group's capacity; rows populated ahead
+    const uint64_t end = gs[4].count() + gs[4].drops();
+    if (ahead < end + 512) {
+      gs[4].populate(end, end + 2048);  // beside the writers: pages they may be writing at this moment
+      ahead = end + 2048;
+    }
     if (i * 3 + 3 <= gs[3].capacity()) {
       gs[3].add_drops(3);
       kvconv_device_event_t ev[3] = {event(3 * i), event(3 * i + 1), event(3 * i + 2)};
