@@ -67,8 +67,7 @@ def reconcile_cmd(
             f"; the others: {status}" if status else "") + ")"
     if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
         status = "\n".join(skew.lines(cross) + [status])
-    finish("reconcile", outcomes, as_json=as_json, trailer=status,
-           **({"cross_dump": cross} if cross is not None else {}))
+    finish("reconcile", outcomes, as_json=as_json, trailer=status, cross_dump=cross)  # null for one dump
 
 
 def register(app: typer.Typer) -> None:
