@@ -20,7 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _timing import best  # noqa: E402
+from _timing import best, quietness  # noqa: E402
 from kvconv import dump, reconcile  # noqa: E402
 
 
@@ -33,6 +33,7 @@ def _synth():
 
 def main() -> None:
     synth = _synth()
+    print(quietness("start"))
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
         for exact in (True, False):
@@ -58,6 +59,7 @@ def main() -> None:
                 matched = int((res.matches["host_index"] >= 0).sum())
                 print(f"reconcile --join {join:<7}: {t * 1e3:8.1f} ms  = {t / base:5.1f} x baseline  "
                       f"({matched:,} matched, ok={res.ok}; {res.agreement_line()})")
+    print(quietness("end"))
 
 
 if __name__ == "__main__":

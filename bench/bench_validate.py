@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import best  # noqa: E402
+from _timing import best, quietness  # noqa: E402
 from kvconv import dump, layout  # noqa: E402
 from kvconv.validate import ValidateOptions, validate  # noqa: E402
 
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1 << 20)
     ap.add_argument("--hosts", type=int, default=65536)
     a = ap.parse_args()
+    print(quietness("start"))
     with tempfile.TemporaryDirectory() as td:
         p = Path(td) / "big.kvdump"
         make(p, a.events, a.hosts)
@@ -95,6 +96,7 @@ def main() -> None:
     print(f"validate (structure+schema+semantics) {t_val * 1e3:8.1f} ms  {t_val / t_read:5.1f}x  (goal <= 10x)")
     print(f"validate incl. reconcile       {t_full * 1e3:8.1f} ms  {t_full / t_read:5.1f}x")
     print(f"struct.iter_unpack parse only  {t_struct * 1e3:8.1f} ms  {t_struct / t_read:5.1f}x")
+    print(quietness("end"))
 
 
 if __name__ == "__main__":
