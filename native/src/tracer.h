@@ -3,7 +3,7 @@
 //   driver.cpp        the few driver calls, through dlopen("libcuda.so.1")
 //   context.cpp       per-context state (Ctx), the registry, the context's live groups in the dump file
 //   patching.cpp      which modules and functions are targets, patching, callback data
-//   device_buffer.cpp the device state and the pinned event buffer; copying events out into the dump file
+//   device_buffer.cpp the device state and event buffer; the flusher's copies of events into the dump file
 //   host_tables.cpp   graph-node and eager-launch records, written straight into the dump file
 //   clock_sync.cpp    clock-sync pairs and their background thread
 //   dump_output.cpp   metadata (JSON writer) and the finished dump (compacted from the live file)
