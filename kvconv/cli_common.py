@@ -45,6 +45,9 @@ SALVAGE = typer.Option(False, "--salvage", help="read a dump cut short up to its
                                                 "reported as lost to truncation)")
 RELAXED = typer.Option(False, "--relaxed", help="report reconciliation mismatches as warnings, not errors")
 QUIET = typer.Option(False, "--quiet", "-q", help="print only warnings and errors")
+FORCE = typer.Option(False, "--force", "--force-overwrite",
+                     help="replace an existing output (without it an existing file is kept, and a folder is replaced "
+                          "only when it is kvconv's own earlier output of the same command)")
 PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar on a terminal, else a stderr line "
                         "every 2 s (KVCONV_PROGRESS_INTERVAL seconds)")
 

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import typer
 
-from .cli_common import QUIET, SALVAGE, output_option, renamed
+from .cli_common import FORCE, QUIET, SALVAGE, output_option, renamed
 
 
 # --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
@@ -76,9 +76,7 @@ _PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar
                          "every 2 s (KVCONV_PROGRESS_INTERVAL seconds); -q turns it off")
 _SALVAGE = SALVAGE
 _QUIET = QUIET
-_FORCE = typer.Option(False, "--force", "--force-overwrite",
-                      help="replace an existing output (without it an existing file is kept, and a folder is replaced "
-                           "only when it is kvconv's own earlier output of the same command)")
+
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
 
 
@@ -95,7 +93,7 @@ def register(app: typer.Typer) -> None:
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
         salvage: bool = _SALVAGE,
-        force: bool = _FORCE,
+        force: bool = FORCE,
         quiet: bool = _QUIET,
     ) -> None:
         """Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.
@@ -121,7 +119,7 @@ def register(app: typer.Typer) -> None:
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
         salvage: bool = _SALVAGE,
-        force: bool = _FORCE,
+        force: bool = FORCE,
         quiet: bool = _QUIET,
     ) -> None:
         """Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.
@@ -146,7 +144,7 @@ def register(app: typer.Typer) -> None:
         chunk: int = _CHUNK,
         progress: Optional[bool] = _PROGRESS,
         salvage: bool = _SALVAGE,
-        force: bool = _FORCE,
+        force: bool = FORCE,
         quiet: bool = _QUIET,
     ) -> None:
         """Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and

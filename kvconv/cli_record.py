@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from .cli_common import output_option
+from .cli_common import FORCE, output_option
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
         no_validate: bool = typer.Option(False, "--no-validate", help="skip validating the dump(s)"),
         verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)"),
+        force: bool = FORCE,
     ) -> None:
         """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         opts = RecordOptions(kernels=tuple(kernel) if kernel else RecordOptions.kernels, output=output,
                              device_capacity=device_capacity, host_capacity=host_capacity,
                              events=tuple(e for e in events.split(",") if e), clock_sync_ms=clock_sync_ms,
-                             build=not no_build, validate=not no_validate, verbose=verbose)
+                             build=not no_build, validate=not no_validate, verbose=verbose, force=force)
         res = run_record(cmd, options=opts)
         if not res.dumps:
             err(f"Error: the command wrote no dump matching {output} (did it use CUDA and a target kernel?)")

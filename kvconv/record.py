@@ -54,6 +54,7 @@ class RecordOptions:
     build: bool = True
     validate: bool = True
     verbose: int = 0
+    force: bool = False  # replace an existing dump at a literal output path (one without %p / %c)
 
     def __post_init__(self) -> None:
         if not self.kernels or any(not k or "," in k for k in self.kernels):
@@ -163,8 +164,13 @@ def output_glob(output: str) -> str:
     return "".join(out)
 
 
-def check_output(output: str) -> None:
-    """Refuse, before anything runs, an output whose folder is missing or not writable."""
+def check_output(output: str, *, force: bool = False) -> None:
+    """Refuse, before anything runs, an output whose folder is missing or not writable, and an existing file at a
+    literal path (no %p / %c) unless ``force``: the tracer would replace it (atomic.check_output's rule)."""
+    if output_glob(output) == glob.escape(output):
+        from .atomic import check_output as check_file
+
+        check_file(output, kind="kvdump", force=force)
     folder = Path(output).expanduser().parent
     if not folder.is_dir():
         raise OutputError("output folder does not exist", path=str(folder), code="output-folder",
@@ -180,7 +186,7 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
     """Run ``cmd`` under the tracer; return its exit code, the dumps it wrote and their validation reports."""
     if not cmd:
         raise UsageError("no command to run (kvconv record [options] -- cmd args...)", code="no-command")
-    check_output(options.output)
+    check_output(options.output, force=options.force)
     lib = find_library(build=options.build)
     env = tracer_env(options, lib=lib)
     pattern = output_glob(options.output)

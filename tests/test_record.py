@@ -160,3 +160,17 @@ def test_installed_kvconv_says_how_to_get_the_tracer(tmp_path):
     p = subprocess.run(args + [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                        env={**env, "KVCONV_TRACER_LIB": str(lib)})
     assert p.returncode == 0 and ": valid" in p.stdout, p.stdout + p.stderr
+
+
+def test_record_keeps_an_existing_dump_unless_forced(tmp_path, fake_lib):
+    out = tmp_path / "mine.kvdump"
+    out.write_bytes(b"a user's earlier dump")
+    marker = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    r = run_cli("record", "-o", str(out), "--", *cmd, env={"KVCONV_TRACER_LIB": str(fake_lib)})
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "output exists" in r.stderr and "--force" in r.stderr
+    assert out.read_bytes() == b"a user's earlier dump" and not marker.exists()  # refused before running anything
+    r = run_cli("record", "--force", "-o", str(out), "--", *_writer(tmp_path),
+                env={"KVCONV_TRACER_LIB": str(fake_lib)})
+    assert r.returncode == 0, r.stderr
+    assert f"{out}: valid" in r.stdout
