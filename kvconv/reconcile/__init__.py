@@ -49,11 +49,13 @@ from ..errors import UsageError
 from ..findings import Finding
 from ._notes import Notes
 from .count import check_ordered_against_gridid, count_blocks
-from .events import load_drops, load_events
-from .exact import JOIN_EXACT, JOIN_NONE, JOIN_ORDERED, ExactJoin, Match, join_exact
+from .events import SEQ_LIMIT, load_drops, load_events
+from .exact import JOIN_EXACT, JOIN_NONE, JOIN_ORDERED, ExactJoin, Match, explain_unmatched, join_exact
 from .graphs import device_side, host_graphs
 from .launches import EAGER, GRAPH_NODE, LaunchTable
 from .ordered import join_ordered
+from .stream import ContextStream
+from .tally import tally_match
 from .report import (LAUNCH_DTYPE, MATCH_DTYPE, agreement_counts, ambiguous_runs, blocks_section, context_lines,
                      counts_agree, agreement_line, device_section, host_section, launch_table, match_table,
                      problem_launches, status_line, verdict)
@@ -92,10 +94,12 @@ class ReconcileResult:
     join_requested: str
     contexts: list[dict]
     findings: list[Finding]
-    matches: np.ndarray  # MATCH_DTYPE, one row per device event of every context
-    launches: np.ndarray  # LAUNCH_DTYPE, one row per host launch record of every context (graph uploads excluded)
+    matches: np.ndarray | None  # MATCH_DTYPE, one row per device event of every context (None: tables=False)
+    launches: np.ndarray | None  # LAUNCH_DTYPE, one row per host launch record of every context (graph uploads
+    # excluded; None: tables=False)
 
     mismatches: int = 0  # findings that are errors unless --relaxed (each context's agreement.agree is false)
+    counts: tuple = (0, 0, 0)  # device events, those matched to a launch, host launches (the JSON summary's)
 
     @property
     def ok(self) -> bool:
@@ -115,15 +119,14 @@ class ReconcileResult:
     def to_dict(self) -> dict:
         """JSON-able report, schema ``schemas/reconcile.schema.json``."""
         counts = {s: sum(1 for f in self.findings if f.severity == s) for s in ("error", "warning", "info")}
+        n_ev, matched, launches = self.counts
         return {
             "path": self.path,
             "join_requested": self.join_requested,
             "ok": self.ok,
             "contexts": self.contexts,
             "findings": [f.to_dict() for f in self.findings],
-            "summary": {**counts, "device_events": int(len(self.matches)),
-                        "matched": int((self.matches["host_index"] >= 0).sum()),
-                        "host_launches": int(len(self.launches))},
+            "summary": {**counts, "device_events": int(n_ev), "matched": int(matched), "host_launches": int(launches)},
         }
 
     def columns(self, table: str = "matches") -> dict[str, np.ndarray]:
@@ -157,59 +160,157 @@ class ReconcileResult:
 # entry point
 
 
-def reconcile(d, *, options: ReconcileOptions = ReconcileOptions()) -> ReconcileResult:
-    """Reconcile every context of an opened dump (:func:`kvconv.dump.open`)."""
-    findings: list[Finding] = []
-    contexts: list[dict] = []
-    matches: list[np.ndarray] = []
-    launches: list[np.ndarray] = []
-    mismatches = 0
-    for ctx, dev in d.contexts():
-        if not (d.groups_of("device_event", context_id=ctx) or d.groups_of("graph_node", context_id=ctx)
-                or d.groups_of("eager_launch", context_id=ctx)):
-            continue
-        notes = Notes(d, ctx, options)
-        rep, mt, lt = reconcile_context(d, ctx, dev, options, notes)
-        contexts.append(rep)
-        findings.extend(notes.findings())
-        mismatches += sum(notes.mismatches.values())
-        matches.append(mt)
-        launches.append(lt)
-    m = (matches[0] if len(matches) == 1 else np.concatenate(matches)) if matches else np.zeros(0, MATCH_DTYPE)
-    la = (launches[0] if len(launches) == 1 else np.concatenate(launches)) if launches else np.zeros(0, LAUNCH_DTYPE)
-    return ReconcileResult(path=str(d.path), join_requested=options.join, contexts=contexts, findings=findings,
-                           matches=m, launches=la, mismatches=mismatches)
+def reconcile(d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool = True,
+              progress=None) -> ReconcileResult:
+    """Reconcile every context of an opened dump (:func:`kvconv.dump.open`) in one read of its device events.
+
+    tables: build ``matches`` and ``launches`` (one row per device event / host launch); without them
+    (``tables=False``: the CLI's report, validate) memory stays bounded by the host records, whatever the number of
+    device events. progress: ``progress(done, total)`` in device events (:mod:`kvconv.progress`)."""
+    r = Reconciler(d, options=options, tables=tables)
+    total = sum(r.n_events(ctx) for ctx in r.contexts)
+    done = 0
+    for ctx in r.contexts:
+        s = r.stream(ctx)
+        for base, recs in event_chunks(d, ctx):
+            s.feed(base, recs)
+            done += len(recs)
+            if progress is not None:
+                progress(done, total)
+    return r.result()
+
+
+CHUNK = 1 << 16  # device events per chunk of the streaming pass (4 MiB)
+
+
+def event_chunks(d, ctx: int, size: int = CHUNK):
+    """``(first index, records)`` over a context's device events, giving the pages of each chunk back once the
+    next is asked for on large dumps (:func:`kvconv.dump.release_pages`)."""
+    from ..dump import release_pages
+
+    release = d.size > RELEASE_BYTES
+    base = 0
+    for g in d.groups_of("device_event", context_id=ctx):
+        rs = int(g.header["record_size"])
+        for s, view in g.chunks(size):
+            yield base + s, view
+            if release:
+                release_pages(d._mm, g.payload_offset + s * rs, len(view) * rs)
+        base += len(g.records)
+
+
+RELEASE_BYTES = 256 << 20  # the emitters' threshold (kvconv.emit._source.RELEASE_BYTES)
+
+
+class Reconciler:
+    """Reconcile a dump whose device events another pass reads: ``stream(ctx).feed(base, records)`` for every
+    chunk of each context's events, in order, then :meth:`result` (kvconv.validate reads the file once for its own
+    checks and this)."""
+
+    def __init__(self, d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool = True) -> None:
+        self.d, self.options, self.tables = d, options, tables
+        self.contexts = [ctx for ctx, _ in d.contexts() if (
+            d.groups_of("device_event", context_id=ctx) or d.groups_of("graph_node", context_id=ctx)
+            or d.groups_of("eager_launch", context_id=ctx))]
+        self._dev = dict(d.contexts())
+        self._streams: dict = {}
+
+    def n_events(self, ctx: int) -> int:
+        return sum(len(g.records) for g in self.d.groups_of("device_event", context_id=ctx))
+
+    def stream(self, ctx: int) -> ContextStream:
+        t = LaunchTable.load(self.d, ctx)
+        release_host_pages(self.d, ctx)
+        nh = int((~t.upload).sum())
+        s = ContextStream(t, ExactJoin(t) if nh and self.options.join != "ordered" else None, ctx=ctx,
+                          n_events=self.n_events(ctx), tables=self.tables)
+        if self.options.join == "ordered":
+            s.stop()  # the ordered join needs the events in memory: the pass only counts them
+        self._streams[ctx] = s
+        return s
+
+    def result(self) -> ReconcileResult:
+        findings: list[Finding] = []
+        contexts: list[dict] = []
+        matches: list[np.ndarray] = []
+        launches: list[np.ndarray] = []
+        mismatches = n_ev = n_matched = n_launches = 0
+        for ctx in self.contexts:
+            notes = Notes(self.d, ctx, self.options)
+            s = self._streams.pop(ctx, None)
+            rep, mt, lt, summary = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s,
+                                                     tables=self.tables)
+            contexts.append(rep)
+            findings.extend(notes.findings())
+            mismatches += sum(notes.mismatches.values())
+            n_ev, n_matched, n_launches = n_ev + summary[0], n_matched + summary[1], n_launches + summary[2]
+            if self.tables:
+                matches.append(mt)
+                launches.append(lt)
+        m = la = None
+        if self.tables:
+            m = (matches[0] if len(matches) == 1 else np.concatenate(matches)) if matches else np.zeros(0, MATCH_DTYPE)
+            la = ((launches[0] if len(launches) == 1 else np.concatenate(launches)) if launches
+                  else np.zeros(0, LAUNCH_DTYPE))
+        return ReconcileResult(path=str(self.d.path), join_requested=self.options.join, contexts=contexts,
+                               findings=findings, matches=m, launches=la, mismatches=mismatches,
+                               counts=(n_ev, n_matched, n_launches))
+
+
+def release_host_pages(d, ctx: int) -> None:
+    """The host records' pages, once the launch table holds its copy of them (large dumps only)."""
+    from ..dump import release_pages
+
+    if d.size > RELEASE_BYTES:
+        for kind in ("graph_node", "eager_launch"):
+            for g in d.groups_of(kind, context_id=ctx):
+                release_pages(d._mm, g.payload_offset, len(g.records) * int(g.header["record_size"]))
 
 
 @dataclass(frozen=True)
 class _Joined:
     mode: str
     note: str
-    match: Match
+    match: Match | None  # None: the streaming pass answered
     ordered: object  # ordered.Ordered or None
     extra_replay_events: int = 0
 
 
-def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str) -> _Joined:
-    n, nh = ev.n, int((~t.upload).sum())
-    any_gid = bool(ev.has_gid.any())
-    mode = ("exact" if any_gid else "ordered") if want == "auto" else want
+def _mode(want: str, any_gid: bool) -> str:
+    return ("exact" if any_gid else "ordered") if want == "auto" else want
+
+
+def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str, s: ContextStream | None) -> _Joined:
+    """The join: from the streaming pass ``s`` when it answers (exact), else of the events in memory ``ev``."""
+    n = s.n if s is not None else ev.n
+    any_gid = s.any_gid if s is not None else bool(ev.has_gid.any())
+    nh = int((~t.upload).sum())
+    mode = _mode(want, any_gid)
     if not n or not nh:
         note = "nothing to join" if not (n or nh) else ("no device events" if not n else "no host launch records")
         if n and not nh:
             # An events-only dump (like the published event file) is not wrong, but nothing joins it.
+            first = s.first_idx if s is not None else int(ev.idx[0])
             notes.add("warning", "no-host-records", f"{n:,} device events and no host launch records: nothing to "
-                      "reconcile them against", kind="device_event", index=int(ev.idx[0]), count=n, listed=False)
-        return _Joined("none" if not (n and nh) else mode, note, Match.empty(n), None)
+                      "reconcile them against", kind="device_event", index=first, count=n, listed=False)
+        return _Joined("none" if not (n and nh) else mode, note, None if s is not None else Match.empty(n), None)
     if mode == "ordered":
         o = join_ordered(ev, t, drops, names, notes)
         return _Joined(mode, o.note, o.match, o)
     if not any_gid:
         notes.add("error", "join-impossible", "--join exact needs device events carrying %gridid (flags.has_gridid); "
                   "none do", listed=False)
-        return _Joined(mode, "exact join impossible: no device event carries gridid", Match.empty(n), None)
-    m, extra = join_exact(ev, t, ExactJoin(t), names, notes)
-    lacking = int((~ev.has_gid).sum())
+        return _Joined(mode, "exact join impossible: no device event carries gridid",
+                       None if s is not None else Match.empty(n), None)
+    if s is not None:
+        u = s.unmatched()
+        extra, attributed = explain_unmatched(u, t, names, notes) if u is not None else (0, [])
+        if u is not None:
+            s.attribute(u, attributed)
+        m, lacking = None, s.lacking
+    else:
+        m, extra = join_exact(ev, t, s.xj if s is not None else ExactJoin(t), names, notes)
+        lacking = int((~ev.has_gid).sum())
     note = "exact: gridid -> launch/node, tag -> replay; independent of device event order" + (
         f"; {lacking:,} events lack gridid and stay unmatched" if lacking else "")
     if lacking:
@@ -218,35 +319,57 @@ def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str) -> _J
     return _Joined(mode, note, m, None, extra)
 
 
-def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: Notes):
-    """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table)."""
-    ev = load_events(d, ctx, notes)
+def _seq_range_note(s: ContextStream, notes: Notes) -> None:
+    """load_events' note on sequences beyond any buffer, for the streaming pass (same words, same event)."""
+    if s.last_seq is not None and s.last_seq >= SEQ_LIMIT:
+        notes.add("error", "sequence-range", f"device event sequences reach {s.last_seq:,}, beyond any buffer; "
+                  "the ordered join uses event order without gap positions", kind="device_event", index=s.last_idx,
+                  listed=False)
+
+
+def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: Notes, *,
+                      stream: ContextStream | None = None, tables: bool = True):
+    """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table,
+    (device events, matched, host launches)). ``stream``: the context's streaming pass, used when it answers."""
+    s = stream
+    if s is not None and not s.usable(_mode(options.join, s.any_gid)):
+        s = None
+    if s is not None:
+        _seq_range_note(s, notes)
+        ev, t, n_all = None, s.t, s.n_all
+    else:
+        ev = load_events(d, ctx, notes)
+        t, n_all = (stream.t if stream is not None else LaunchTable.load(d, ctx)), ev.n_all
     drops = load_drops(d, ctx, notes)
-    t = LaunchTable.load(d, ctx)
     if t.upload.any():
         notes.add("info", "graph-uploads-ignored", f"{int(t.upload.sum()):,} graph-node records flagged graph_upload "
                   "ignored", listed=False)
     names = d.kernel_names(context_id=ctx)
     graphs = host_graphs(t, names, notes)
     _duplicate_findings(t, names, notes)
-    j = _join(ev, t, drops, names, notes, options.join)
-    counts = count_blocks(ev, t, j.match, j.ordered, drops, names, notes, options.strict_coverage)
-    if j.mode == "ordered":
-        check_ordered_against_gridid(ev, t, j.match, notes)
-    graph_reports = device_side(graphs, t, j.match, ev.t)
-    ac = agreement_counts(t, j.match, counts, drops, j.extra_replay_events)
+    j = _join(ev, t, drops, names, notes, options.join, s)
+    tally = s.b.finish(s.n) if s is not None else tally_match(t, ev, j.match)
+    counts = count_blocks(ev, t, tally, j.ordered, drops, names, notes, options.strict_coverage)
+    if j.mode == "ordered" and check_ordered_against_gridid(ev, t, j.match, notes):
+        tally = tally_match(t, ev, j.match)  # withdrawn launches: the timing and the device counts after it
+    graph_reports = device_side(graphs, t, tally)
+    ac = agreement_counts(t, tally, counts, drops, j.extra_replay_events)
     if not counts_agree(ac) and not notes.mismatches:
         notes.add("error", "counts-differ", f"the counts do not agree ({agreement_line(ac, {})}) and no launch "
                   "explains it", listed=False)
     agreement = verdict(ac, notes.mismatches)
     rep = {"context_id": int(ctx), "device_id": int(dev), "join": j.mode, "join_note": j.note,
-           "agreement": agreement, "device": device_section(ev, j.match, agreement, drops),
-           "host": host_section(t, drops), "blocks": blocks_section(t, counts, j.ordered, names, ev.n),
+           "agreement": agreement, "device": device_section(n_all, tally, agreement, drops),
+           "host": host_section(t, drops), "blocks": blocks_section(t, counts, j.ordered, names, tally.n),
            "problem_launches": problem_launches(t, counts, names), "ambiguous_runs": ambiguous_runs(t, j.ordered, names),
            "graph_execs": graph_reports}
     if j.mode == "ordered" and j.ordered is not None:
         rep["ordered"] = dict(j.ordered.info)
-    return rep, match_table(ctx, ev.n_all, ev, t, j.match), launch_table(ctx, t, counts, j.ordered)
+    mt = lt = None
+    if tables:
+        mt = s.matches if s is not None else match_table(ctx, n_all, ev, t, j.match)
+        lt = launch_table(ctx, t, counts, j.ordered)
+    return rep, mt, lt, (n_all, tally.matched, int((~t.upload).sum()))
 
 
 def _duplicate_findings(t: LaunchTable, names: dict, notes: Notes) -> None:

@@ -15,6 +15,7 @@ from ._notes import Notes, hexs, ranges
 from .events import Drops, Events
 from .exact import Match
 from .launches import GRAPH_NODE, LaunchTable, kind_name, launch_name
+from .tally import Tally
 
 
 @dataclass(frozen=True)
@@ -28,70 +29,12 @@ class Counts:
     unattributed: int  # events counted neither in a launch nor in an ambiguous run
 
 
-def _per_launch(ev: Events, t: LaunchTable, match: Match):
-    """Per launch: events matched, distinct in-grid blocks, events outside the grid, repeated blocks, earliest entry.
-    Repeats are found on one key per block, the launch's first block slot plus the linear blockIdx (a sort of the
-    keys, none when they already increase); ``dupe`` (per matched event: a repeat) is only built when some exist."""
-    nH = t.n
-    m = np.flatnonzero(match.host >= 0)
-    h = match.host[m]
-    gx, gy, gz = t.gx[h], t.gy[h], t.gz[h]
-    x, y, z = ev.x[m].astype(np.uint64), ev.y[m].astype(np.uint64), ev.z[m].astype(np.uint64)
-    inside = (x < gx) & (y < gy) & (z < gz)
-    with np.errstate(over="ignore"):
-        lin = x + gx * (y + gy * z)
-    recorded = np.bincount(h, minlength=nH).astype(np.int64)
-    hin = h[inside]
-    n_inside = np.bincount(hin, minlength=nH).astype(np.int64)
-    distinct = _distinct_blocks(t, hin, lin[inside], n_inside)
-    dupe = None
-    if distinct is None or int((n_inside - distinct).sum()):
-        dupe = np.zeros(len(h), bool)  # the rare path: which events are the repeats, in sequence order
-        dupe[inside] = _repeats(hin, lin[inside])
-        distinct = np.bincount(h[inside & ~dupe], minlength=nH).astype(np.int64)
-    tmin = np.full(nH, np.iinfo(np.uint64).max, np.uint64)
-    np.minimum.at(tmin, h, ev.t[m])
-    return (m, h, inside, dupe, recorded, distinct, np.bincount(h[~inside], minlength=nH).astype(np.int64),
-            n_inside - distinct, np.where(recorded > 0, tmin, 0).astype(np.uint64))
-
-
-def _distinct_blocks(t: LaunchTable, h: np.ndarray, lin: np.ndarray, n_inside: np.ndarray) -> np.ndarray | None:
-    """Distinct in-grid blocks per launch (None when the grids are too large for one key space: damage)."""
-    grid = np.where(t.grid > 0, t.grid, 0)
-    if float(grid.sum(dtype=np.float64)) >= 2.0**62:
-        return None
-    base = np.concatenate([[0], np.cumsum(grid)[:-1]]).astype(np.int64)
-    key = base[h] + lin.astype(np.int64)
-    if len(key) < 2 or bool(np.all(key[1:] > key[:-1])):
-        return n_inside.copy()
-    key.sort()
-    first = np.r_[True, key[1:] != key[:-1]]
-    if first.all():
-        return n_inside.copy()
-    owner = np.searchsorted(base, key[first], side="right") - 1
-    return np.bincount(owner, minlength=t.n).astype(np.int64)
-
-
-def _repeats(h: np.ndarray, lin: np.ndarray) -> np.ndarray:
-    """Per event: an earlier event (sequence order) had the same launch and blockIdx."""
-    key_o = np.lexsort((np.arange(len(h)), lin, h))
-    hs, ls = h[key_o], lin[key_o]
-    dupe = np.zeros(len(h), bool)
-    dupe[key_o] = np.r_[False, (hs[1:] == hs[:-1]) & (ls[1:] == ls[:-1])]
-    return dupe
-
-
-def _firsts(h: np.ndarray, sel: np.ndarray) -> dict:
-    out: dict = {}
-    for i in np.flatnonzero(sel):
-        out.setdefault(int(h[i]), i)
-    return out
-
-
-def count_blocks(ev: Events, t: LaunchTable, match: Match, o, drops: Drops, names: dict, notes: Notes,
+def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
                  strict_coverage: bool) -> Counts:
-    """``o``: the ordered join's extras (:class:`kvconv.reconcile.ordered.Ordered`) or None."""
-    m, h, inside, dupe, recorded, distinct, outside, dupblk, first_ns = _per_launch(ev, t, match)
+    """``tally``: the join's per-launch reductions (:mod:`kvconv.reconcile.tally`); ``o``: the ordered join's extras
+    (:class:`kvconv.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered join's regions
+    name their first event), or None."""
+    recorded, distinct, outside, dupblk = tally.recorded, tally.distinct, tally.outside, tally.dupblk
     exp = np.where(t.dup | t.upload, 0, t.grid)
     in_region = o.in_region if o is not None else np.zeros(t.n, bool)
     missing = np.where(~in_region & ~t.dup, np.maximum(exp - distinct, 0), 0)
@@ -109,35 +52,31 @@ def count_blocks(ev: Events, t: LaunchTable, match: Match, o, drops: Drops, name
             sev, code = ("error" if strict_coverage else "warning"), "coverage-late"
         notes.add(sev, code, f"{launch_name(t, names, hh)}: {rec:,} of {ex:,} blocks recorded, {ex - rec:,} "
                   f"missing{why}", kind=kind_name(t, hh), index=int(t.index[hh]))
-    _extra_findings(ev, t, m, h, inside, dupe, recorded, outside, dupblk, exp, o, names, notes)
+    _extra_findings(t, tally, exp, o, names, notes)
     regions = o.regions if o is not None else []
     _region_findings(t, regions, ev, drops, names, notes)
     in_runs = sum(r["unattributed_events"] for r in regions)
-    return Counts(recorded=recorded, distinct=distinct, outside=outside, dupblk=dupblk, first_ns=first_ns,
-                  missing=missing, unattributed=int((match.host < 0).sum()) - in_runs)
+    return Counts(recorded=recorded, distinct=distinct, outside=outside, dupblk=dupblk, first_ns=tally.first_ns,
+                  missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
 
 
-def _extra_findings(ev, t, m, h, inside, dupe, recorded, outside, dupblk, exp, o, names, notes) -> None:
+def _extra_findings(t, tally: Tally, exp, o, names, notes) -> None:
+    outside, dupblk, recorded = tally.outside, tally.dupblk, tally.recorded
     if not (outside.any() or dupblk.any()):
         return
-    x, y, z = ev.x[m], ev.y[m], ev.z[m]
-    first_out = _firsts(h, ~inside) if (~inside).any() else {}
-    first_dup = _firsts(h, dupe) if dupe is not None and dupe.any() else {}
     alts = o.surplus_alt if o is not None else {}
     for hh in t.in_order(outside > 0):
-        i = first_out[int(hh)]
-        blk = f"({int(x[i])},{int(y[i])},{int(z[i])})"
+        dev, x, y, z = tally.first_out[int(hh)]
         alt = alts.get(int(hh))
         alt = (f"; ordered join: it came right after the last block of {launch_name(t, names, alt)} and may belong "
                "to that launch instead") if alt is not None else ""
         notes.add("error", "extra-blocks", f"{launch_name(t, names, hh)}: {int(recorded[hh]):,} device events for "
-                  f"{int(exp[hh]):,} expected blocks; {int(outside[hh]):,} outside the grid, first block {blk}{alt}",
-                  kind="device_event", index=int(ev.idx[m[i]]), count=int(outside[hh]))
+                  f"{int(exp[hh]):,} expected blocks; {int(outside[hh]):,} outside the grid, first block "
+                  f"({x},{y},{z}){alt}", kind="device_event", index=dev, count=int(outside[hh]))
     for hh in t.in_order(dupblk > 0):
-        i = first_dup[int(hh)]
-        blk = f"({int(x[i])},{int(y[i])},{int(z[i])})"
+        dev, x, y, z = tally.first_dup[int(hh)]
         notes.add("error", "duplicate-block", f"{launch_name(t, names, hh)}: {int(dupblk[hh]):,} blocks recorded more "
-                  f"than once, first {blk}", kind="device_event", index=int(ev.idx[m[i]]), count=int(dupblk[hh]))
+                  f"than once, first ({x},{y},{z})", kind="device_event", index=dev, count=int(dupblk[hh]))
 
 
 def _region_findings(t, regions, ev, drops, names, notes) -> None:

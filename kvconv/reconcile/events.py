@@ -16,7 +16,7 @@ from ._notes import Notes
 
 _EV_FLAGS = layout.ENUMS["event_flags"]
 BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
-_SEQ_LIMIT = 1 << 48  # no device buffer has this many slots
+SEQ_LIMIT = 1 << 48  # no device buffer has this many slots
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def load_events(d, ctx: int, notes: Notes) -> Events:
         o = np.argsort(seq, kind="stable")
         be, seq = be[o], seq[o]
     # non-block-enter events consume sequence numbers too; positions count block-enter slots only
-    if len(seq) and int(seq[-1]) >= _SEQ_LIMIT:
+    if len(seq) and int(seq[-1]) >= SEQ_LIMIT:
         # A slot sequence can never exceed the buffer it indexes: numbers this large are damage. Keep the event
         # order, give up the gap information (positions are ranks), and say so.
         notes.add("error", "sequence-range", f"device event sequences reach {int(seq[-1]):,}, beyond any buffer; "

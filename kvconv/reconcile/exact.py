@@ -121,15 +121,14 @@ class ExactJoin:
 
 
 def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: Notes) -> tuple[Match, int]:
-    """The exact join of a context's events; returns the attribution and the events of replays the host never
-    recorded (graph-node events, attributed to no replay)."""
+    """The exact join of a context's events held in memory; returns the attribution and the events of replays the
+    host never recorded (graph-node events, attributed to no replay)."""
     m = Match.empty(ev.n)
     if ev.n:
         # events come in runs of one launch's blocks: the lookup and the host columns once per run
-        g, tg, fl = ev.gridid, ev.tag, ev.flags
-        chg = (g[1:] != g[:-1]) | (tg[1:] != tg[:-1]) | (fl[1:] != fl[:-1])
-        starts = np.r_[0, np.flatnonzero(chg) + 1]
-        rows = xj.lookup(g[starts], tg[starts], fl[starts], np.full(len(starts), BLOCK_ENTER, np.uint8))
+        starts = runs(ev.gridid, ev.tag, ev.flags)
+        rows = xj.lookup(ev.gridid[starts], ev.tag[starts], ev.flags[starts],
+                         np.full(len(starts), BLOCK_ENTER, np.uint8))
         lens = np.diff(np.r_[starts, ev.n])
         ok = rows >= 0
         r0 = np.maximum(rows, 0)
@@ -138,15 +137,78 @@ def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: No
             vals = rows if col is rows else np.where(ok, col[r0] if t.n else none, none)
             out[:] = np.repeat(vals.astype(out.dtype, copy=False), lens)
         m.join[:] = np.repeat(np.where(ok, JOIN_EXACT, 0).astype(np.uint8), lens)
-    return m, _explain_unmatched(ev, t, m, names, notes)
-
-
-def _explain_unmatched(ev: Events, t: LaunchTable, m: Match, names: dict, notes: Notes) -> int:
-    """Name every unmatched exact-mode event group precisely: host record missing for (replay, node), an extra
-    replay the host never saw, or a gridid no host record has."""
     un = np.flatnonzero((m.host < 0) & ev.has_gid)
     if not len(un):
-        return 0
+        return m, 0
+    u, inv = unmatched_keys(ev.gridid[un], ev.tag[un], ev.has_tag[un], ev.idx[un], ev.slot[un], ev.t[un])
+    extra, attributed = explain_unmatched(u, t, names, notes)
+    for k, ex, r, ordn in attributed:
+        # attributed to the replay, node known: unmatched to a record but named in the table
+        sel = un[inv == k]
+        m.kind[sel], m.replay[sel], m.join[sel] = GRAPH_NODE, r, JOIN_EXACT
+        m.exec[sel], m.ordinal[sel] = ex, ordn
+    return m, extra
+
+
+def runs(gid, tag, flags) -> np.ndarray:
+    """Starts of runs of events with equal (gridid, tag, flags): one launch's blocks come in a run."""
+    n = len(gid)
+    if not n:
+        return np.zeros(0, np.int64)
+    chg = (gid[1:] != gid[:-1]) | (tag[1:] != tag[:-1]) | (flags[1:] != flags[:-1])
+    return np.r_[0, np.flatnonzero(chg) + 1].astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """Exact-mode events carrying a gridid that no host record took, per (gridid, tag) key (tag 0 for events without
+    one), in key order: events, the first event (sequence order): its device index, kernel slot and has_tag; the
+    earliest and latest entry (signed ns)."""
+
+    gid: np.ndarray
+    tag: np.ndarray
+    count: np.ndarray
+    first: np.ndarray
+    slot: np.ndarray
+    has_tag: np.ndarray
+    tmin: np.ndarray
+    tmax: np.ndarray
+
+    @classmethod
+    def merge(cls, parts: list) -> "Unmatched":
+        """Parts in sequence order (each already reduced) as one: the first part's first event wins."""
+        cols = {f: np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__}
+        return _reduce(cols)[0]
+
+
+def unmatched_keys(gid, tag, has_tag, dev, slot, tt) -> tuple[Unmatched, np.ndarray]:
+    """Reduce unmatched events (sequence order) to their keys; also each event's key index."""
+    ts = np.asarray(tt).astype(np.int64)
+    cols = {"gid": np.asarray(gid).astype(np.uint64), "tag": np.where(has_tag, tag, 0).astype(np.uint64),
+            "count": np.ones(len(gid), np.int64), "first": np.asarray(dev).astype(np.int64),
+            "slot": np.asarray(slot), "has_tag": np.asarray(has_tag), "tmin": ts, "tmax": ts}
+    return _reduce(cols)
+
+
+def _reduce(cols: dict) -> tuple[Unmatched, np.ndarray]:
+    key = np.stack([cols["gid"], cols["tag"]], axis=1)
+    uk, fi, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    k = len(uk)
+    cnt = np.bincount(inv, weights=cols["count"], minlength=k).astype(np.int64)
+    lo, hi = np.full(k, np.iinfo(np.int64).max), np.full(k, np.iinfo(np.int64).min)
+    np.minimum.at(lo, inv, cols["tmin"])
+    np.maximum.at(hi, inv, cols["tmax"])
+    return Unmatched(gid=uk[:, 0], tag=uk[:, 1], count=cnt, first=cols["first"][fi], slot=cols["slot"][fi],
+                     has_tag=cols["has_tag"][fi], tmin=lo, tmax=hi), inv
+
+
+def explain_unmatched(u: Unmatched, t: LaunchTable, names: dict, notes: Notes) -> tuple[int, list]:
+    """Name every unmatched exact-mode key precisely: host record missing for (replay, node), an extra replay the
+    host never saw, or a gridid no host record has. Returns the events of extra replays and the keys attributed to a
+    replay with their node known: ``(key index, graph exec, replay, node ordinal)``."""
+    if not len(u.gid):
+        return 0, []
     hv = t.in_order(~t.dup & ~t.upload)
     # gridid -> a host record with it (node identity); tag -> (exec, replay)
     hg_o = hv[np.argsort(t.grid_id[hv], kind="stable")]
@@ -154,21 +216,18 @@ def _explain_unmatched(ev: Events, t: LaunchTable, m: Match, names: dict, notes:
     tagged = hv[t.has_tag[hv] & (t.kind[hv] == GRAPH_NODE)]
     tg_o = tagged[np.argsort(t.tag[tagged], kind="stable")]
     tg_s = t.tag[tg_o]
-    key = np.stack([ev.gridid[un], np.where(ev.has_tag[un], ev.tag[un], 0)], axis=1)
-    uk, inv, cnt = np.unique(key, axis=0, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)
     extra: dict[tuple, dict] = {}
-    for k, ((gid, tag), c) in enumerate(zip(uk, cnt)):
-        first_ev = un[np.flatnonzero(inv == k)[0]]
-        dev_i, c = int(ev.idx[first_ev]), int(c)
+    attributed = []
+    for k, (gid, tag, c) in enumerate(zip(u.gid, u.tag, u.count)):
+        dev_i, c = int(u.first[k]), int(c)
         p = np.searchsorted(hg_s, gid)
         if p >= len(hg_s) or hg_s[p] != gid:
             notes.add("error", "unmatched-device-event", f"{c:,} device events with gridid {int(gid)} "
-                      f"({kernel_short(names, ev.slot[first_ev])}) match no host launch record",
+                      f"({kernel_short(names, u.slot[k])}) match no host launch record",
                       kind="device_event", index=dev_i, count=c)
             continue
         h = hg_o[p]
-        if t.kind[h] == EAGER or not ev.has_tag[first_ev]:
+        if t.kind[h] == EAGER or not u.has_tag[k]:
             nsame = int(np.searchsorted(hg_s, gid, side="right") - p)
             notes.add("error", "unmatched-device-event", f"{c:,} device events with gridid {int(gid)} cannot be "
                       f"joined: {nsame} host records share that gridid and the events carry no tag to pick one "
@@ -190,13 +249,10 @@ def _explain_unmatched(ev: Events, t: LaunchTable, m: Match, names: dict, notes:
                   f"#{int(t.node_ordinal[h])} ({hexs(t.node[h])}): {plural(c, 'device event')} (tag {hexs(tag)}) "
                   "but no host graph-node record of this node in this replay", kind="device_event", index=dev_i,
                   count=c)
-        # attributed to the replay, node known: unmatched to a record but named in the table
-        sel = un[inv == k]
-        m.kind[sel], m.replay[sel], m.join[sel] = GRAPH_NODE, r, JOIN_EXACT
-        m.exec[sel], m.ordinal[sel] = t.graph_exec[h], t.node_ordinal[h]
+        attributed.append((k, int(t.graph_exec[h]), r, int(t.node_ordinal[h])))
     for (ex, tag), x in sorted(extra.items()):
         known = sorted({int(r) for r in t.launch_id[(t.kind == GRAPH_NODE) & ~t.upload & (t.graph_exec == ex)]})
         notes.add("error", "extra-replay", f"graph exec {hexs(ex)}: {x['events']:,} device events of a replay the "
                   f"host never recorded (tag {hexs(tag)}; host replays {ranges(known)}), nodes "
                   f"#{ranges(sorted(x['nodes']))}", kind="device_event", index=x["first"], count=x["events"])
-    return sum(x["events"] for x in extra.values())
+    return sum(x["events"] for x in extra.values()), attributed

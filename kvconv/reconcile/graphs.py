@@ -106,37 +106,33 @@ def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> Gr
     return GraphExec(exec=exec_h, rows=idx, nodes=nodes, ordmap=ordmap, report=report)
 
 
-def device_side(graphs: list[GraphExec], t: LaunchTable, m, ev_t: np.ndarray) -> list[dict]:
-    """Each graph exec's report, host side and device side. Events matched to a launch are reduced per launch
-    first (count, first and last entry): the rest works on launches, plus the few events attributed to a replay
-    without a launch. ``m``: the join's per-event attribution (:class:`kvconv.reconcile.exact.Match`)."""
+def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
+    """Each graph exec's report, host side and device side, from the join's per-launch reductions (count, first
+    and last entry) and the graph-node events attributed to a replay without a launch, reduced per (graph exec,
+    replay, node ordinal) (:class:`kvconv.reconcile.tally.Tally`): the timing takes only minima and maxima."""
     if not graphs:
         return []
-    hm = m.host >= 0
-    h = m.host[hm]
-    cnt = np.bincount(h, minlength=t.n)
-    tmin, tmax = np.full(t.n, _I64.max), np.full(t.n, _I64.min)
-    tt = ev_t[hm].astype(np.int64)
-    np.minimum.at(tmin, h, tt)
-    np.maximum.at(tmax, h, tt)
-    loose = np.flatnonzero(~hm & (m.kind == GRAPH_NODE))  # attributed to a replay (and maybe a node) only
+    cnt, tmin, tmax = tally.recorded, tally.tmin, tally.tmax
+    loose = sorted(tally.loose.items())
     exp_eff = np.where(t.dup | t.upload, 0, t.grid)
     out = []
     for g in graphs:
         rows = g.rows[cnt[g.rows] > 0]
-        lo = loose[m.exec[loose] == g.exec]
+        lo = [(k[1], k[2], v) for k, v in loose if k[0] == g.exec]
+        n_lo = sum(v[0] for _, _, v in lo)
         live = g.rows[~t.dup[g.rows]]
-        n_loose_attr = m.ordinal[lo] >= 0
+        lrep = np.array([r for r, _, _ in lo], np.uint64)
+        lord = np.array([o for _, o, _ in lo], np.int64)
         dev = {"expected_executions": int(len(live)), "expected_blocks": int(exp_eff[live].sum()),
-               "device_events": int(cnt[rows].sum()) + len(lo), "matched_events": int(cnt[rows].sum()),
-               "device_replays": [int(r) for r in np.unique(np.r_[t.launch_id[rows], m.replay[lo]])],
-               "node_attribution": bool(n_loose_attr.all())}
+               "device_events": int(cnt[rows].sum()) + n_lo, "matched_events": int(cnt[rows].sum()),
+               "device_replays": [int(r) for r in np.unique(np.r_[t.launch_id[rows], lrep])],
+               "node_attribution": bool((lord >= 0).all())}
         timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
-        if len(rows) or len(lo):
-            lt = ev_t[lo].astype(np.int64)
-            timing.update(_timing(g, np.r_[tmin[rows], lt], np.r_[tmax[rows], lt],
-                                  np.r_[t.launch_id[rows], m.replay[lo]].astype(np.uint64),
-                                  np.r_[t.node_ordinal[rows], m.ordinal[lo]].astype(np.int64)))
+        if len(rows) or lo:
+            timing.update(_timing(g, np.r_[tmin[rows], np.array([v[1] for _, _, v in lo], np.int64)],
+                                  np.r_[tmax[rows], np.array([v[2] for _, _, v in lo], np.int64)],
+                                  np.r_[t.launch_id[rows], lrep].astype(np.uint64),
+                                  np.r_[t.node_ordinal[rows], lord].astype(np.int64)))
         dev["timing"] = timing
         out.append({**g.report, **dev})
     return out

@@ -117,16 +117,16 @@ def status_line(results) -> str:
 # the context's report and tables
 
 
-def agreement_counts(t: LaunchTable, match: Match, counts, drops, extra_replay_events: int) -> dict:
+def agreement_counts(t: LaunchTable, tally, counts, drops, extra_replay_events: int) -> dict:
     """What the verdict compares: graph-node records, expected executions and blocks, the graph-node device events
     (those of a replay the host never recorded included), drops; eager blocks and unattributed events beside."""
     graph = (t.kind == GRAPH_NODE) & ~t.upload
     exp_eff = np.where(t.dup | t.upload, 0, t.grid)
     return {"lost_records": drops.device_lost + drops.host_lost, "graph_node_records": int(graph.sum()),
             "expected_executions": int((graph & ~t.dup).sum()), "expected_blocks": int(exp_eff[graph].sum()),
-            "device_events": int((match.kind == GRAPH_NODE).sum()) + extra_replay_events,
+            "device_events": tally.graph_events + extra_replay_events,
             "drops": drops.device + drops.host - drops.device_lost - drops.host_lost,
-            "eager_expected_blocks": int(exp_eff[t.kind == EAGER].sum()), "eager_events": int((match.kind == EAGER).sum()),
+            "eager_expected_blocks": int(exp_eff[t.kind == EAGER].sum()), "eager_events": tally.eager_events,
             "unattributed": int(counts.unattributed - extra_replay_events),
             "device_drops": drops.device - drops.device_lost, "host_drops": drops.host - drops.host_lost}
 
@@ -174,12 +174,10 @@ def ambiguous_runs(t: LaunchTable, o, names: dict) -> list:
     return out
 
 
-def device_section(ev, match: Match, agreement: dict, drops) -> dict:
-    return {"events": int(ev.n_all), "block_enter_events": int(ev.n), "other_events": ev.other,
-            "matched": int((match.host >= 0).sum()),
-            "replay_only": int(((match.host < 0) & (match.join != 0)).sum()),
-            "unmatched": int(((match.host < 0) & (match.join == 0)).sum()),
-            "graph_node_events": agreement["device_events"], "eager_events": int((match.kind == EAGER).sum()),
+def device_section(n_all: int, tally, agreement: dict, drops) -> dict:
+    return {"events": int(n_all), "block_enter_events": int(tally.n), "other_events": int(n_all - tally.n),
+            "matched": tally.matched, "replay_only": tally.replay_only, "unmatched": tally.unmatched,
+            "graph_node_events": agreement["device_events"], "eager_events": tally.eager_events,
             "drops": drops.by_kind["device_event"]}
 
 
