@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 
-from .cli_common import DUMPS, JSON, RELAXED, SALVAGE, Outcome, each, finish, renamed
+from .cli_common import DUMPS, JSON, PROGRESS, QUIET, RELAXED, SALVAGE, Outcome, each, finish, renamed
 from .errors import FormatError, SchemaError
 from .findings import Finding
 from .wording import counted
@@ -123,10 +123,17 @@ def _info_one(path: Path, opts) -> Outcome:
     return Outcome(str(path), code, info, text=_info_text(str(path), info))
 
 
-def _validate_one(path: Path, opts) -> Outcome:
+def _validate_one(path: Path, opts, popts=None) -> Outcome:
+    from .progress import Progress, ProgressOptions
     from .validate import validate as run_validate
 
-    r = run_validate(path, options=opts)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    with Progress(f"validate {path.name}", total=size, size_bytes=size or None,
+                  options=popts or ProgressOptions(enabled=False)) as bar:
+        r = run_validate(path, options=opts, progress=bar.update)
     result = r.to_dict()
     if r.unreadable:
         # Unreadable input: the one-line error goes to stderr, like every other command's errors.
@@ -171,15 +178,19 @@ def register(app: typer.Typer) -> None:
         relaxed: bool = RELAXED,
         no_reconcile: bool = typer.Option(False, "--no-reconcile", help="skip the reconciler's checks"),
         salvage: bool = SALVAGE,
+        progress: Optional[bool] = PROGRESS,
+        quiet: bool = QUIET,
     ) -> None:
         """Check structure, schema and semantics; report every problem. Exit 0 valid, 1 errors, 2 unreadable.
 
         Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
         """
+        from .progress import ProgressOptions
         from .validate import ValidateOptions
 
         opts = ValidateOptions(reconcile=not no_reconcile, relaxed_reconcile=relaxed, salvage=salvage)
-        finish("validate", each(dumps, lambda p: _validate_one(p, opts)), as_json=as_json)
+        popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
+        finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts)), as_json=as_json)
 
 
 def register_demo(app: typer.Typer) -> None:

@@ -18,11 +18,11 @@ last node on the host clock, against the first dump's) is printed before the sta
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 
-from .cli_common import DUMPS, JSON, RELAXED, SALVAGE
+from .cli_common import DUMPS, JSON, PROGRESS, QUIET, RELAXED, SALVAGE
 
 
 def reconcile_cmd(
@@ -36,6 +36,8 @@ def reconcile_cmd(
                                          help="treat blocks of launches that ran before coverage began (ordered "
                                               "join, 0 drops) as errors, not warnings"),
     salvage: bool = SALVAGE,
+    progress: Optional[bool] = PROGRESS,
+    quiet: bool = QUIET,
 ) -> int:
     """Match host graph-node and eager launch records to the blocks their geometry predicts and to the device
     events: per launch the missing / extra blocks, per graph executable its nodes, replays, order and device timing,
@@ -45,14 +47,18 @@ def reconcile_cmd(
     """
     from . import dump, reconcile, skew
     from .cli_common import Outcome, each, finish
+    from .progress import Progress, ProgressOptions
     from .wording import counted
 
     opts = reconcile.ReconcileOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage)
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
     results, reports = [], []
 
     def one(p) -> Outcome:
         with dump.open(p, options=dump.ReadOptions(salvage=salvage)) as d:
-            r = reconcile.reconcile(d, options=opts)
+            # the report only (no per-event table): memory bounded by the host records
+            with Progress(f"reconcile {Path(p).name}", total=0, size_bytes=d.size, options=popts) as bar:
+                r = reconcile.reconcile(d, options=opts, tables=False, progress=bar.update)
         results.append(r)
         reports.append((p, r.to_dict()))
         return Outcome(r.path, 0 if r.ok else 1, reports[-1][1],

@@ -189,22 +189,31 @@ def _crc_finding(c: "_Collector", g: dumpmod.Group) -> None:
           "damaged)", group=g.index, offset=g.payload_offset, field="header.payload_crc32")
 
 
-def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grids) -> None:
+def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grids, *, feed=None,
+                         pages: "_Pages | None" = None) -> None:
     """One pass over each event group, chunk by chunk: checksum, enums, flags, kernel slots, blockIdx against its
     launch's grid, and sequence/timer order (events sit at the slot their sequence reserved, so a dump is normally
-    in sequence order; anything else falls back to a sort)."""
+    in sequence order; anything else falls back to a sort). ``feed(first, records)``: the reconciler's streaming
+    pass takes each chunk too (one read of the file); ``pages``: gives each chunk's pages back once checked and
+    summed, and reports progress."""
     kind_ok = np.zeros(256, dtype=bool)
     kind_ok[_enum_values("event_kind")] = True
     known = _known(kernel_slots)
     fmask = ~np.uint8(_bits_mask("event_flags"))
     has_gid = np.uint8(layout.ENUMS["event_flags"]["has_gridid"])
     axes = (("block_x", "grid_x"), ("block_y", "grid_y"), ("block_z", "grid_z"))
+    ctx_base = 0
     for g in d.groups_of("device_event"):
-        # The checksum runs in a second thread while this one checks the records (zlib releases the GIL).
-        crc_job = worker("crc").submit(g.crc_ok) if not g.lost_records else None
+        # The checksum runs in a second thread while this one checks the records (zlib releases the GIL), chunk by
+        # chunk, so that a checked and summed chunk's pages can be given back.
+        crc = _ChunkCrc(g) if not g.lost_records and not g.live else None
         in_order, timer = True, _TimerOrder()
         prev_seq = prev_t = None
         for base, ev in g.chunks(EV_CHUNK):
+            if crc is not None:
+                crc.add(ev)
+            if feed is not None:
+                feed(ctx_base + base, ev)
             c.mask("error", "bad-enum", "event kind is not a known kind", g, ~kind_ok[ev["kind"]], "kind",
                    base, ev["kind"])
             flags = ev["flags"]
@@ -238,8 +247,13 @@ def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grid
                     in_order = False
                 else:
                     timer.add(t, base - (1 if prev_seq is not None else 0))
-                    prev_seq, prev_t = ev["sequence"][-1:], ev["globaltimer"][-1:]
-        if crc_job is not None and not crc_job.result():
+                    prev_seq, prev_t = ev["sequence"][-1:].copy(), ev["globaltimer"][-1:].copy()
+            if pages is not None:
+                pages.done(g, base, len(ev), crc)
+        if pages is not None:
+            pages.flush(crc)
+        ctx_base += len(g.records)
+        if crc is not None and not crc.ok():
             _crc_finding(c, g)
         if not len(g.records):
             continue
@@ -255,6 +269,76 @@ def _check_device_events(d, c: "_Collector", kernel_slots: set[int] | None, grid
 
 
 _EV = layout.LAYOUTS["device_event"]
+
+
+class _ChunkCrc:
+    """A group's payload checksum, summed chunk by chunk in the CRC worker beside the checks."""
+
+    def __init__(self, g: dumpmod.Group) -> None:
+        self.g, self.fut = g, None
+
+    def add(self, view: np.ndarray) -> None:
+        if len(view):
+            self.fut = worker("crc").submit(_crc_after, view.view(np.uint8), self.fut)
+
+    def wait(self) -> None:
+        if self.fut is not None:
+            self.fut.result()
+
+    def ok(self) -> bool:
+        return (self.fut.result() if self.fut is not None else 0) == int(self.g.header["payload_crc32"])
+
+
+def _crc_after(buf, prev) -> int:
+    import zlib
+
+    return zlib.crc32(buf, prev.result() if prev is not None else 0)
+
+
+class _Pages:
+    """Gives the pages of checked (and summed) device-event chunks back on large dumps, a few chunks behind the
+    checks so that the CRC worker is not waited for; reports progress in bytes of the file."""
+
+    LAG = 8  # chunks
+
+    def __init__(self, d: dumpmod.Dump, progress) -> None:
+        self.d, self.progress = d, progress
+        self.release = d.size > RELEASE_BYTES
+        self.pending: list = []
+        self.bytes = 0
+
+    def done(self, g: dumpmod.Group, first: int, n: int, crc: "_ChunkCrc | None") -> None:
+        rs = int(g.header["record_size"])
+        self.bytes += n * rs
+        if self.progress is not None:
+            self.progress(self.bytes, self.d.size)
+        if not self.release:
+            return
+        self.pending.append((g.payload_offset + first * rs, n * rs, crc.fut if crc is not None else None))
+        while len(self.pending) > self.LAG:
+            off, nb, fut = self.pending.pop(0)
+            if fut is not None:
+                fut.result()
+            dumpmod.release_pages(self.d._mm, off, nb)
+
+    def flush(self, crc: "_ChunkCrc | None") -> None:
+        if crc is not None:
+            crc.wait()
+        for off, nb, _ in self.pending:
+            dumpmod.release_pages(self.d._mm, off, nb)
+        self.pending = []
+
+    def other(self, g: dumpmod.Group) -> None:
+        """A group checked in full (host records, canary): its pages back, its bytes counted."""
+        n = len(g.records) * int(g.header["record_size"]) if g.kind and g.kind.layout else 0
+        self.bytes += n
+        if self.release and n:
+            dumpmod.release_pages(self.d._mm, g.payload_offset, n)
+        if self.progress is not None:
+            self.progress(min(self.bytes, self.d.size), self.d.size)
+
+
+RELEASE_BYTES = 256 << 20  # dumps larger than this give read pages back (the emitters' kvconv.emit._source)
 
 
 def _check_sequence_unordered(g: dumpmod.Group, c: "_Collector") -> None:
@@ -329,7 +413,8 @@ class _TimerOrder:
               count=len(big))
 
 
-def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] | None) -> None:
+def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] | None,
+                         pages: "_Pages | None" = None) -> None:
     fmask = ~np.uint32(_bits_mask("launch_flags"))
     lf = layout.ENUMS["launch_flags"]
     known = _known(kernel_slots)
@@ -359,6 +444,8 @@ def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] 
                 if kernel_slots is not None:
                     c.mask("error", "unknown-kernel-slot", "kernel slot is missing from the kernel table", g,
                            ~_lookup(known, r["kernel_slot"])[1], "kernel_slot", base, r["kernel_slot"])
+            if pages is not None:
+                pages.other(g)
 
 
 def _check_kernels(d: dumpmod.Dump, c: _Collector) -> dict[int, set[int]]:
@@ -442,8 +529,10 @@ def _grid_tables(d: dumpmod.Dump, ctx: int):
     return gids, gdims, slots, sdims
 
 
-def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOptions()) -> Report:
-    """Validate one dump file and return a :class:`Report` with every finding."""
+def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOptions(), progress=None) -> Report:
+    """Validate one dump file and return a :class:`Report` with every finding. The device events are read once:
+    the reconciler's streaming pass takes each chunk beside the checks. ``progress(done, total)``: bytes of the
+    file (:mod:`kvconv.progress`)."""
     path = str(path)
     rep = Report(path=path)
     try:
@@ -463,34 +552,55 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
         have_table = bool(d.groups_of("kernel"))
         if not have_table and (d.groups_of("device_event") or d.groups_of("graph_node")):
             c.add("warning", "no-kernel-table", "no kernel table: kernel slots cannot be named", field="kernel")
+        rc = _reconciler(d, options) if options.reconcile and not rep.unreadable else None
+        pages = _Pages(d, progress)
+        rc_error = None
         for ctx, _dev in d.contexts():
             slots = slots_by_ctx.get(ctx, set()) if have_table else None
             sub = _ContextView(d, ctx)
-            _check_device_events(sub, c, slots, _grid_tables(d, ctx))
-            _check_host_launches(sub, c, slots)
+            s = rc.stream(ctx) if rc is not None and ctx in rc.contexts else None
+            _check_device_events(sub, c, slots, _grid_tables(d, ctx), feed=s.feed if s is not None else None,
+                                 pages=pages)
+            if s is not None:
+                try:
+                    rc.close(ctx)
+                except Exception as e:  # noqa: BLE001 - damaged records: raised below only if the file is sound
+                    rc_error = rc_error or e
+            _check_host_launches(sub, c, slots, pages)
+        release = (lambda off, n: dumpmod.release_pages(d._mm, off, n)) if pages.release else None
         for g in d.groups:
-            if g.kind_name != "device_event" and not g.lost_records and not g.crc_ok():
+            if g.kind_name != "device_event" and not g.lost_records and not g.crc_ok(release=release):
                 _crc_finding(c, g)
         _check_clock_sync(d, c)
         rep.findings.extend(c.out)
         structurally_sound = not rep.unreadable and not any(f.code == "payload-checksum" for f in rep.findings)
+        if structurally_sound and rc_error is not None:
+            raise rc_error
         if structurally_sound and options.reconcile:
-            rep.findings.extend(_reconcile_findings(d, options, already={f.code for f in rep.findings}))
+            rep.findings.extend(_reconcile_findings(d, options, rc, already={f.code for f in rep.findings}))
         if structurally_sound and options.canary and d.groups_of("canary"):
             from . import canary
 
             rep.findings.extend(canary.check(d).findings)
+        if progress is not None:
+            progress(d.size, d.size)
     return rep
 
 
-def _reconcile_findings(d: dumpmod.Dump, options: ValidateOptions, *, already: set[str]) -> list[Finding]:
-    """The reconciler's findings. Its ``counts-differ`` (the counts disagree and no launch explains it: in practice
-    drops with nothing else missing) is the fact validate's ``dropped`` already reports: said once."""
-    if not (d.groups_of("device_event") or d.groups_of("graph_node") or d.groups_of("eager_launch")):
-        return []
+def _reconciler(d: dumpmod.Dump, options: ValidateOptions):
     from . import reconcile
 
-    res = reconcile.reconcile(d, options=reconcile.ReconcileOptions(relaxed=options.relaxed_reconcile))
+    return reconcile.Reconciler(d, options=reconcile.ReconcileOptions(relaxed=options.relaxed_reconcile),
+                                tables=False)
+
+
+def _reconcile_findings(d: dumpmod.Dump, options: ValidateOptions, rc, *, already: set[str]) -> list[Finding]:
+    """The reconciler's findings (of the pass the record checks fed, ``rc``). Its ``counts-differ`` (the counts
+    disagree and no launch explains it: in practice drops with nothing else missing) is the fact validate's
+    ``dropped`` already reports: said once."""
+    if not (d.groups_of("device_event") or d.groups_of("graph_node") or d.groups_of("eager_launch")):
+        return []
+    res = (rc if rc is not None else _reconciler(d, options)).result()
     return [f for f in res.findings if not (f.code == "counts-differ" and "dropped" in already)]
 
 

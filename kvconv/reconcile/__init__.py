@@ -177,6 +177,7 @@ def reconcile(d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool
             done += len(recs)
             if progress is not None:
                 progress(done, total)
+        r.close(ctx)
     return r.result()
 
 
@@ -204,8 +205,8 @@ RELEASE_BYTES = 256 << 20  # the emitters' threshold (kvconv.emit._source.RELEAS
 
 class Reconciler:
     """Reconcile a dump whose device events another pass reads: ``stream(ctx).feed(base, records)`` for every
-    chunk of each context's events, in order, then :meth:`result` (kvconv.validate reads the file once for its own
-    checks and this)."""
+    chunk of each context's events, in order, ``close(ctx)``, then :meth:`result` (kvconv.validate reads the file
+    once for its own checks and this). A context without a stream is reconciled from memory in ``result``."""
 
     def __init__(self, d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool = True) -> None:
         self.d, self.options, self.tables = d, options, tables
@@ -214,6 +215,7 @@ class Reconciler:
             or d.groups_of("eager_launch", context_id=ctx))]
         self._dev = dict(d.contexts())
         self._streams: dict = {}
+        self._done: dict = {}
 
     def n_events(self, ctx: int) -> int:
         return sum(len(g.records) for g in self.d.groups_of("device_event", context_id=ctx))
@@ -229,6 +231,13 @@ class Reconciler:
         self._streams[ctx] = s
         return s
 
+    def close(self, ctx: int) -> None:
+        """The context's pass has ended: reconcile it now (its streaming state goes)."""
+        notes = Notes(self.d, ctx, self.options)
+        s = self._streams.pop(ctx, None)
+        out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables)
+        self._done[ctx] = (out, notes.findings(), sum(notes.mismatches.values()))
+
     def result(self) -> ReconcileResult:
         findings: list[Finding] = []
         contexts: list[dict] = []
@@ -236,13 +245,12 @@ class Reconciler:
         launches: list[np.ndarray] = []
         mismatches = n_ev = n_matched = n_launches = 0
         for ctx in self.contexts:
-            notes = Notes(self.d, ctx, self.options)
-            s = self._streams.pop(ctx, None)
-            rep, mt, lt, summary = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s,
-                                                     tables=self.tables)
+            if ctx not in self._done:
+                self.close(ctx)
+            (rep, mt, lt, summary), f, mm = self._done.pop(ctx)
             contexts.append(rep)
-            findings.extend(notes.findings())
-            mismatches += sum(notes.mismatches.values())
+            findings.extend(f)
+            mismatches += mm
             n_ev, n_matched, n_launches = n_ev + summary[0], n_matched + summary[1], n_launches + summary[2]
             if self.tables:
                 matches.append(mt)
