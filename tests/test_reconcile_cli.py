@@ -152,3 +152,20 @@ def test_relaxed_ok_says_the_counts_do_not_agree(tmp_path):
     assert text.returncode == 0 and obj["ok"] is True and obj["contexts"][0]["agreement"]["agree"] is False
     assert text.stdout.rstrip().splitlines()[-1] == (
         "ok (--relaxed: 1 mismatch reported as warnings; the counts do not agree)")
+
+
+@pytest.mark.parametrize("command", ["validate", "reconcile"])
+def test_progress_lines_off_a_terminal(tmp_path, command):
+    """Off a terminal, validate and reconcile print periodic progress lines on stderr (here every 2 ms); -q and
+    --no-progress print none; stdout is the same bytes in every case."""
+    p = tmp_path / "progress.kvdump"
+    synth.write(p, synth.build(eager=2000, eager_blocks=16, nodes=32, replays=100, node_blocks=16))
+    fast = {"KVCONV_PROGRESS_INTERVAL": "0.002"}
+    shown = run_cli(command, p, env=fast)
+    quiet = run_cli(command, p, "-q", env=fast)
+    off = run_cli(command, p, "--no-progress", env=fast)
+    assert shown.returncode == quiet.returncode == off.returncode == 0, shown.stderr
+    lines = [ln for ln in shown.stderr.splitlines() if ln.startswith(f"kvconv: {command} progress.kvdump: ")]
+    assert lines and all(ln.endswith(" s)") and "%" in ln for ln in lines), shown.stderr
+    assert quiet.stderr == "" and off.stderr == ""
+    assert shown.stdout == quiet.stdout == off.stdout
