@@ -548,3 +548,47 @@ def test_many_overlapping_lanes_get_their_own_tracks(tmp_path):
             names[(ev["pid"], ev["tid"])].add(ev["args"]["name"])
     assert all(len(v) == 1 for v in names.values())
     assert sum(1 for v in names.values() if " · nodes" in next(iter(v))) == 700
+
+
+@pytest.mark.parametrize("opts", [[], ["--window", "0:3"]])
+def test_flows_of_interleaved_launches(tmp_path, opts):
+    """Blocks of launches interleaved (launch pairs running at once, a block of one then of the other), over more
+    than one 16,384-event slice of a pass, with and without a filter that skips events: every host record's flows
+    still go to its first K kept device blocks in dump order, in Perfetto and in Chrome (the flow ends of such
+    records are not consecutive device events, which the emitters keep apart from the usual runs)."""
+    gen = load_script(FIXTURES / "synthetic-reconcile" / "generate.py")
+    parts = gen.build(eager=3, eager_blocks=40, nodes=20, replays=60, node_blocks=24)
+    e = parts["events"]
+    run = np.r_[0, np.cumsum((e["gridid"][1:] != e["gridid"][:-1]) | (e["tag"][1:] != e["tag"][:-1]))]
+    within = np.arange(len(e)) - np.searchsorted(run, run)
+    e = e[np.lexsort((run, within, run // 2))]  # launch pairs: block 0 of both, block 1 of both, ...
+    e["sequence"] = np.arange(len(e))
+    parts["events"] = e
+    p = tmp_path / "inter.kvdump"
+    gen.write(p, parts)
+    assert len(e) > 1 << 14
+    K = 5
+    for fmt, out in (("perfetto", "t.pftrace"), ("chrome", "t.json")):
+        r = run_cli(fmt, p, "-o", tmp_path / out, "--flows", K, "-q", *opts)
+        assert r.returncode == 0, r.stderr
+    kept = np.ones(len(e), bool)
+    if opts:  # --window 0:3: device events within 3 ms of the first
+        t = e["globaltimer"]
+        kept = t <= t.min() + 3_000_000
+        assert 0 < kept.sum() < len(e)
+    seen: dict = defaultdict(list)  # (gridid, tag) -> its kept device events, in dump order
+    for i in np.flatnonzero(kept).tolist():
+        seen[(int(e["gridid"][i]), int(e["tag"][i]))].append(i)
+    want = sorted(tuple((1 << 40) | i for i in v[:K]) for v in seen.values())
+    tr = _trace(tmp_path / "t.pftrace")
+    host = sorted(tuple(x.track_event.flow_ids) for x in tr.packet
+                  if x.HasField("track_event") and x.track_event.flow_ids)
+    ends = sorted(f for x in tr.packet if x.HasField("track_event") for f in x.track_event.terminating_flow_ids)
+    assert host == want and ends == sorted(f for v in want for f in v)
+    evs = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    starts: dict = defaultdict(list)
+    for x in evs:
+        if x["ph"] == "s":
+            starts[(x["tid"], x["ts"])].append(x["id"])
+    assert sorted(tuple(v) for v in starts.values()) == want
+    assert sorted(x["id"] for x in evs if x["ph"] == "f") == sorted(f for v in want for f in v)

@@ -29,6 +29,7 @@ from .._workers import worker
 from ..errors import FormatError, UsageError
 from ..reconcile.exact import ExactJoin
 from ..reconcile.launches import LaunchTable
+from ._flows import Flows
 
 GRAPH_NODE = layout.KINDS["graph_node"].id
 EAGER = layout.KINDS["eager_launch"].id
@@ -610,8 +611,7 @@ class Agg:
     count: np.ndarray  # per host row: matched device events kept
     first_ts: np.ndarray  # per host row: earliest matched block entry (device ns, uint64)
     last_ts: np.ndarray
-    flow_dev: np.ndarray  # (host rows, K) device indices that get a flow, -1 padding
-    flow_pos: dict  # chunk's first index -> its device indices that end a flow, increasing
+    flows: Flows  # per host row: the device events that end its flows
     sm_count: np.ndarray  # events per SM id
     slots: np.ndarray  # kernel slots seen
     t0: int | None  # first device event ns (min)
@@ -645,8 +645,7 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     count = np.zeros(h.n, np.int64)
     first = np.full(h.n, np.iinfo(np.uint64).max, np.uint64)
     last = np.zeros(h.n, np.uint64)
-    flow_dev = np.full((h.n, K), -1, np.int64)
-    flow_pos: dict[int, np.ndarray] = {}
+    flows = Flows.new(h.n, K)
     sm = np.zeros(1 << 16, np.int64)
     slots: set[int] = set()
     t0 = t1 = None
@@ -696,15 +695,16 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
             b, k = np.unique(ms, return_counts=True)
             bins_parts.append(b)
             cnt_parts.append(k.astype(np.int64))
-        _add_runs(count, first, last, flow_dev, flow_pos, K, starts, rhid, tsi, first_i, dev_index)
+        _add_runs(count, first, last, flows, starts, rhid, tsi, first_i, dev_index)
+    flows.finish(count)
     kept_hosts = _kept_hosts(c, options, count, t0)
     rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
-    return Agg(count=count, first_ts=first, last_ts=last, flow_dev=flow_dev, flow_pos=flow_pos, sm_count=sm,
+    return Agg(count=count, first_ts=first, last_ts=last, flows=flows, sm_count=sm,
                slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals, kept=kept,
                kept_hosts=kept_hosts)
 
 
-def _add_runs(count, first, last, flow_dev, flow_pos, K: int, starts, rhid, tsi, first_i: int, dev_index) -> None:
+def _add_runs(count, first, last, flows: Flows, starts, rhid, tsi, first_i: int, dev_index) -> None:
     """Fold a chunk's runs (one host row each) into the per-row count, first and last entry, and the first K
     device events of each row that end a flow."""
     n = len(tsi)
@@ -712,7 +712,7 @@ def _add_runs(count, first, last, flow_dev, flow_pos, K: int, starts, rhid, tsi,
     if m.any():
         rl = np.diff(np.append(starts, n))
         hm, rlm, sm_ = rhid[m], rl[m], starts[m]
-        base = _run_bases(hm, rlm, count)
+        base = _run_bases(hm, rlm, count) if flows.K else None
         rmin = np.minimum.reduceat(tsi, starts)[m]
         rmax = np.maximum.reduceat(tsi, starts)[m]
         if _distinct(hm, len(count)):
@@ -725,21 +725,8 @@ def _add_runs(count, first, last, flow_dev, flow_pos, K: int, starts, rhid, tsi,
             np.add.at(count, hm, rlm)
             np.minimum.at(first, hm, rmin)
             np.maximum.at(last, hm, rmax)
-        if K:
-            take = np.clip(K - base, 0, rlm)
-            tot = int(take.sum())
-            if tot:
-                if tot == n:  # every event ends a flow
-                    pos = np.arange(n)
-                    slot = np.repeat(hm * K + base - sm_, rlm) + pos
-                else:
-                    ri = np.repeat(np.arange(len(hm)), take)
-                    off = np.arange(tot) - np.repeat(np.cumsum(take) - take, take)
-                    pos = sm_[ri] + off
-                    slot = hm[ri] * K + base[ri] + off
-                di = (pos + first_i) if dev_index is None else dev_index[pos]
-                flow_dev.reshape(-1)[slot] = di
-                flow_pos[first_i] = di  # increasing
+        if flows.K:
+            flows.add(hm, base, np.clip(flows.K - base, 0, rlm), sm_, first_i, dev_index)
 
 
 def _kept_hosts(c: Ctx, options: EmitOptions, count: np.ndarray, t0: int | None) -> np.ndarray:

@@ -402,12 +402,33 @@ def encode_parts(children: list, n: int) -> tuple[list, np.ndarray | None]:
     """Like :func:`encode`, but returns the byte matrices (buffers for ``file.write``) instead of joining them."""
     if n == 0:
         return [], None
-    varying: list = []
-    top = Msg(b"", children)
-    _msg_len(top, n, varying)
-    if not varying:
+    g = _layout_groups(children, n)
+    if g is None:
         return [_fill(children, n, None, 0)], None
-    # Group rows by their layout signature (the tuple of varying lengths); small keys sort by radix.
+    order, bounds = g
+    parts = []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        idx = order[a:b]
+        parts.append(_fill(children, len(idx), idx, int(idx[0])))
+    return parts, order
+
+
+def layout_order(children: list, n: int) -> np.ndarray | None:
+    """The row order :func:`encode_parts` writes (None: input order). Encoding consecutive ranges of it one at a
+    time gives the same bytes as encoding all rows at once, so a large table can be encoded a batch at a time with
+    only its signatures in memory: rfixed64 values are not read here (a ``(n, 0)`` array will do)."""
+    g = _layout_groups(children, n) if n else None
+    return None if g is None else g[0]
+
+
+def _layout_groups(children: list, n: int):
+    """Rows grouped by their layout signature (the tuple of varying lengths), in increasing signature order:
+    ``(stable row order, group bounds in it)``; None when all rows share one layout."""
+    varying: list = []
+    _msg_len(Msg(b"", children), n, varying)
+    if not varying:
+        return None
+    # small keys sort by radix
     key = np.zeros(n, np.int64)
     for arr in varying:
         a = np.asarray(arr, np.int64)
@@ -417,21 +438,14 @@ def encode_parts(children: list, n: int) -> tuple[list, np.ndarray | None]:
         cnt = np.bincount(key, minlength=kmax + 1)
         used = np.flatnonzero(cnt)
         if len(used) == 1:
-            return [_fill(children, n, None, 0)], None
+            return None
         remap = np.zeros(kmax + 1, np.uint16)
         remap[used] = np.arange(len(used), dtype=np.uint16)
         inv = remap[key]
-        ngroups = len(used)
         sizes = cnt[used]
     else:
         uniq, inv, sizes = np.unique(key, return_inverse=True, return_counts=True)
-        ngroups = len(uniq)
-        if ngroups == 1:
-            return [_fill(children, n, None, 0)], None
+        if len(uniq) == 1:
+            return None
     order = np.argsort(inv, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    parts = []
-    for g in range(ngroups):
-        idx = order[bounds[g] : bounds[g + 1]]
-        parts.append(_fill(children, len(idx), idx, int(idx[0])))
-    return parts, order
+    return order, np.concatenate([[0], np.cumsum(sizes)])

@@ -91,36 +91,48 @@ class _Chrome:
                 "args": {"gpu_ns": int(r["gpu_ns"]), "uncertainty_ns": int(r["uncertainty_ns"])}})
         return out
 
-    def host(self) -> tuple[list, int]:
+    def host(self):
+        """The host launch events, then the flow starts ("s", one per flow): yields byte buffers, ``t.SLICE`` lines
+        at a time (the slices :func:`_text.render_parts` renders one by one), so that only a slice's values and
+        lines are held."""
         pl, c, h, agg = self.pl, self.c, self.c.host, self.pl.agg
         rows = pl.host_rows
         n = len(rows)
         if not n:
-            return [], 0
-        tid = self.tid(pl.host_tracks())
+            return
         us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
-        names = us.tolist()
+        names = [_j(c.kernel_name(s)) for s in us.tolist()]
         nid = nid.reshape(-1)
-        hn = h.host_ns[rows]
-        parts = t.render_parts([
-            t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(hn),
-            t.lit(',"dur":0,"name":'), t.choice(nid, [_j(c.kernel_name(s)) for s in names]),
-            t.lit(',"cat":"host","args":{"replay":'), t.uint(h.launch_id[rows]), t.lit(',"node":'),
-            t.uint(np.maximum(h.node_ordinal[rows], 0)), t.lit(',"grid_id":'), t.uint(h.grid_id[rows]),
-            t.lit(',"blocks_predicted":'), t.uint(np.maximum(h.grid[rows], 0)), t.lit(',"blocks_recorded":'),
-            t.uint(agg.count[rows]), t.lit("}}")], n)
-        # flow starts: one "s" per (host record, device block) flow
-        fd = agg.flow_dev[rows]
-        nfl = 0
-        if fd.shape[1]:
-            r, k = np.nonzero(fd >= 0)
-            nfl = len(r)
-            if nfl:
-                parts += t.render_parts([
-                    t.lit(b',\n{"ph":"s","pid":%d,"tid":' % self.pid), t.uint(tid[r]), t.lit(',"ts":'),
-                    t.ts_us(hn[r]), t.lit(',"id":'), t.uint(flow_id(c, fd[r, k])),
-                    t.lit(',"name":"launch","cat":"flow"}')], nfl)
-        return parts, nfl
+        for a in range(0, n, t.SLICE):
+            r = rows[a : a + t.SLICE]
+            yield from t.render_parts([
+                t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(self.tid(pl.host_tracks(r))),
+                t.lit(',"ts":'), t.ts_us(h.host_ns[r]), t.lit(',"dur":0,"name":'), t.choice(nid[a : a + t.SLICE], names),
+                t.lit(',"cat":"host","args":{"replay":'), t.uint(h.launch_id[r]), t.lit(',"node":'),
+                t.uint(np.maximum(h.node_ordinal[r], 0)), t.lit(',"grid_id":'), t.uint(h.grid_id[r]),
+                t.lit(',"blocks_predicted":'), t.uint(np.maximum(h.grid[r], 0)), t.lit(',"blocks_recorded":'),
+                t.uint(agg.count[r]), t.lit("}}")], len(r))
+        if not agg.flows.K:
+            return
+        # flow starts: one "s" per (host record, device block) flow, record by record
+        cum = np.cumsum(agg.flows.count[rows])
+        for a in range(0, int(cum[-1]), t.SLICE):
+            b = min(a + t.SLICE, int(cum[-1]))
+            i0, i1 = int(np.searchsorted(cum, a, side="right")), int(np.searchsorted(cum, b, side="left")) + 1
+            r = rows[i0:i1]
+            fd, cnt = agg.flows.of_rows(r)
+            k = np.arange(fd.shape[1])
+            ri, ki = np.nonzero(k[None, :] < cnt[:, None])
+            skip = a - (int(cum[i0 - 1]) if i0 else 0)  # flows of the first record written by the slice before
+            ri, ki = ri[skip : skip + b - a], ki[skip : skip + b - a]
+            yield from t.render_parts([
+                t.lit(b',\n{"ph":"s","pid":%d,"tid":' % self.pid), t.uint(self.tid(pl.host_tracks(r[ri]))),
+                t.lit(',"ts":'), t.ts_us(h.host_ns[r[ri]]), t.lit(',"id":'), t.uint(flow_id(c, fd[ri, ki])),
+                t.lit(',"name":"launch","cat":"flow"}')], b - a)
+
+    def host_flows(self) -> int:
+        f = self.pl.agg.flows
+        return int(f.count[self.pl.host_rows].sum()) if f.K else 0
 
     def slices(self) -> list:
         pl, c, agg, u, h = self.pl, self.c, self.pl.agg, self.pl.u, self.c.host
@@ -240,9 +252,10 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                 for b in ch.meta():
                     f.write(b)
             for ch in plans:
-                hp, nfl = ch.host()
-                res.flows += nfl
-                for b in hp + ch.slices() + ch.counters():
+                for b in ch.host():
+                    f.write(b)
+                res.flows += ch.host_flows()
+                for b in ch.slices() + ch.counters():
                     f.write(b)
                 for first, recs in ch.c.chunks(options.chunk):
                     res.written_events += ch.device(first, recs, f.write)

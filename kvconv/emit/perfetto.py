@@ -40,6 +40,7 @@ META_SEQ = 1
 DEV_ANN = ("block_x", "replay", "blocks")
 HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
 EST_EVENT_BYTES = 40
+HOST_BATCH = 1 << 20  # host records x flows encoded at a time
 
 
 def _pb():
@@ -241,7 +242,6 @@ class _Plan:
             us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
             self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
                                           np.uint64)[inv.reshape(-1)]
-        self.flow_keys = sorted(agg.flow_pos)  # first indices of the slices holding flow ends
         self.canary = None
         if c.dump.groups_of("canary", context_id=c.context_id):
             from .. import canary
@@ -370,39 +370,51 @@ class _Plan:
 
     def flow_mask(self, first: int, n: int):
         """Which events of the chunk ``first .. first+n`` end a flow (None: none)."""
-        if not self.opt.flows or not self.agg.flow_pos:
-            return None
-        fp = self.agg.flow_pos
-        keys = self.flow_keys
-        lo, hi = bisect.bisect_left(keys, first), bisect.bisect_left(keys, first + n)
-        if lo == hi:
-            return None
-        fs = np.concatenate([fp[k] for k in keys[lo:hi]])
-        has = np.zeros(n, bool)
-        has[fs - first] = True
-        return has
+        return self.agg.flows.mask(first, n) if self.opt.flows else None
 
-    def host_tracks(self) -> np.ndarray:
-        """The track uuid of each shown host record: its graph exec's host track, or its stream's."""
-        h, rows = self.c.host, self.host_rows
+    def host_tracks(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The track uuid of each shown host record (of ``rows``): its graph exec's host track, or its stream's."""
+        h = self.c.host
+        rows = self.host_rows if rows is None else rows
         ex = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows])
         st = np.searchsorted(np.array(self.streams, np.uint64), h.stream[rows])
         return np.where(h.kind[rows] == GRAPH_NODE, self.u.exec_host(ex), self.u.stream(st)).astype(np.uint64)
 
     # -- vectorised packets -----------------------------------------------------------------------------------
 
-    def host_packets(self) -> tuple[list, int]:
-        c, h, agg = self.c, self.c.host, self.agg
+    def host_packets(self):
+        """The host launch instants, with the flows they start: yields byte buffers, a batch of records at a time
+        (in the order one encoding of all records gives, :func:`_wire.layout_order`), so that only a batch's flow
+        ids and bytes are held."""
         rows = self.host_rows
+        if not len(rows):
+            return
+        order = w.layout_order(self._host_fields(rows, None), len(rows))
+        step = max(1, HOST_BATCH // max(1, self.opt.flows))
+        for a in range(0, len(rows), step):
+            sel = rows[a : a + step] if order is None else rows[np.sort(order[a : a + step])]
+            parts, _ = w.encode_parts(self._host_fields(sel, self.agg.flows), len(sel))
+            yield from parts
+
+    def host_flows(self) -> int:
+        """Flows the host records start."""
+        f = self.agg.flows
+        return int(f.count[self.host_rows].sum()) if f.K else 0
+
+    def _host_fields(self, rows: np.ndarray, flows) -> list:
+        """The fields of the host records ``rows`` (``flows`` None: flow ids left out, only their count)."""
+        c, h, agg = self.c, self.c.host, self.agg
         n = len(rows)
-        if not n:
-            return [], 0
-        track = self.host_tracks()
-        kind = h.kind[rows]
-        fd = agg.flow_dev[rows]
-        cnt = (fd >= 0).sum(1) if fd.shape[1] else np.zeros(n, np.int64)
-        fids = flow_id(c, np.maximum(fd, 0)) if fd.shape[1] else np.zeros((n, 0), np.uint64)
-        isg = kind == GRAPH_NODE
+        track = self.host_tracks(rows)
+        isg = h.kind[rows] == GRAPH_NODE
+        K = self.opt.flows
+        if not K:
+            fids, cnt = np.zeros((n, 0), np.uint64), np.zeros(n, np.int64)
+        elif flows is None:
+            fids, cnt = np.zeros((n, 0), np.uint64), agg.flows.count[rows]
+        else:
+            fd, cnt = flows.of_rows(rows)
+            fids = flow_id(c, np.maximum(fd, 0))
         ann = lambda i, v, present=None: w.msg(4, [w.const(bytes([0x08, i])), w.varint(3, v)], present)  # noqa: E731
         te = [
             ann(1, h.launch_id[rows], isg),
@@ -412,13 +424,12 @@ class _Plan:
             ann(5, agg.count[rows].astype(np.uint64)),
             ann(6, h.index[rows].astype(np.uint64)),
             w.const(bytes([0x48, T_INSTANT])),
-            w.varint(10, self.host_name_iid),
+            w.varint(10, self.host_name_iid[np.searchsorted(self.host_rows, rows)]),
             w.varint(11, track),
             w.rfixed64(47, fids, cnt),
         ]
-        pk = [w.varint(8, h.host_ns[rows]), w.varint(10, self.host_seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
-        parts, _ = w.encode_parts([w.msg(1, pk)], n)
-        return parts, int(cnt.sum())
+        return [w.msg(1, [w.varint(8, h.host_ns[rows]), w.varint(10, self.host_seq), w.msg(11, te),
+                          w.const(bytes([0x68, SEQ_NEEDS]))])]
 
     def slice_packets(self) -> list:
         agg, u, parts = self.agg, self.u, []
@@ -551,10 +562,11 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                 for b in pl.snapshots(pb):
                     f.write(b)
                 f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
-                hp, nfl = pl.host_packets()
-                for b in hp + pl.canary_packets(pb) + pl.slice_packets() + pl.counter_packets():
+                for b in pl.host_packets():
                     f.write(b)
-                res.flows += nfl
+                for b in pl.canary_packets(pb) + pl.slice_packets() + pl.counter_packets():
+                    f.write(b)
+                res.flows += pl.host_flows()
                 for first, recs in c.chunks(options.chunk):
                     parts, n, _ = pl.device_packets(first, recs)
                     for b in parts:
