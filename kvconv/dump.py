@@ -431,6 +431,11 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
         # A live group reserves `capacity` records; the space past its published ones may not exist on disk yet.
         pos = payload + layout.padded(max(nbytes, int(hdr["capacity"]) * rsize if live else 0))
         index += 1
+    if options.salvage and not d.groups and not any(p.severity == "error" for p in probs):
+        # Salvage that kept nothing has checked nothing: never let it read as a valid, empty dump.
+        problem("error", _err(FormatError, "no whole record group could be salvaged: nothing to check", path, 0,
+                              "header", code="nothing-salvaged",
+                              hint="the file was cut inside its first group; record or copy it again"))
     return d
 
 

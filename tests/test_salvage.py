@@ -205,3 +205,14 @@ def test_salvage_does_not_hide_other_damage(tmp_path):
     shutil.copy(src, dst)
     r = run_cli("info", "--salvage", dst)
     assert r.returncode == 2 and r.stderr.startswith("Error: ") and "bad magic" in r.stderr
+
+
+def test_salvage_that_keeps_nothing_is_not_valid(tmp_path):
+    """A file cut inside its first group (``head -c 100`` of a real dump): salvage reads no group, and that is an
+    unreadable dump, not a valid empty one."""
+    cut = tmp_path / "cut.kvdump"
+    cut.write_bytes((FIXTURES / "h200-single" / "single.kvdump").read_bytes()[:100])
+    for cmd in ("validate", "info"):
+        r = run_cli(cmd, "--salvage", cut)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert "nothing to check" in r.stderr and "valid" not in r.stdout and "Traceback" not in r.stderr
