@@ -28,7 +28,7 @@ XROW = -2  # ``first`` of a record whose flow ends are listed apart
 class Flows:
     K: int
     first: np.ndarray  # per host row: device index of its first flow end; -1 none; XROW listed apart
-    count: np.ndarray | None = None  # per host row: flow ends (min(blocks kept, K)), set by finish
+    kept: np.ndarray | None = None  # per host row: blocks kept (the first pass's count; flow ends: min(kept, K))
     xrows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows listed apart, increasing
     xptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))  # their flow ends: xdev[xptr[i]:xptr[i+1]]
     xdev: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -84,7 +84,7 @@ class Flows:
         K = self.K
         if not K:
             return
-        self.count = np.minimum(count, K)
+        self.kept = count
         if self._parts:
             r, k, d = (np.concatenate(a) for a in zip(*self._parts))
             self._parts = []
@@ -95,7 +95,7 @@ class Flows:
             self.xdev = d
         rows = np.flatnonzero(self.first >= 0)
         s = np.concatenate([self.first[rows], self.xdev])
-        e = s + np.concatenate([self.count[rows], np.ones(len(self.xdev), np.int64)])
+        e = s + np.concatenate([self.counts(rows), np.ones(len(self.xdev), np.int64)])
         del rows
         o = np.argsort(s, kind="stable")
         s, e = s[o], e[o]
@@ -104,10 +104,14 @@ class Flows:
         tail = np.r_[head[1:], True] if len(s) else head
         self.starts, self.ends = s[head], e[tail]
 
+    def counts(self, rows: np.ndarray) -> np.ndarray:
+        """Flow ends of host rows ``rows``."""
+        return np.minimum(self.kept[rows], self.K).astype(np.int64)
+
     def of_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(device indices (len(rows), K), -1 padding; flow ends per row)`` of some host rows."""
         K = self.K
-        cnt = self.count[rows].astype(np.int64)
+        cnt = self.counts(rows)
         f = self.first[rows]
         dev = f[:, None] + np.arange(K, dtype=np.int64)[None, :]
         dev[np.arange(K)[None, :] >= cnt[:, None]] = -1

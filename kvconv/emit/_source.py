@@ -571,6 +571,15 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
 RUNS_CACHE = 1 << 22  # runs kept from the join probe for the first pass (beyond: looked up again)
 
 
+def release_join(ctxs: list, options: EmitOptions) -> None:
+    """After the first pass and the verdict on it: the second pass of Perfetto and Chrome asks the join only for
+    --replays; without it the exact join's tables and the probe's runs go (memory that grows with the host records
+    and, up to RUNS_CACHE, with the events)."""
+    if options.replays is None:
+        for c in ctxs:
+            c.xjoin, c._runs = None, None
+
+
 def _probe(c: Ctx, options: EmitOptions) -> bool:
     """Run the vectorised exact join over the context; True when its matches are reconcile's: some event carries a
     gridid (else reconcile joins in order) and every block-enter event carrying one found its host record (else

@@ -449,3 +449,16 @@ def _layout_groups(children: list, n: int):
             return None
     order = np.argsort(inv, kind="stable")
     return order, np.concatenate([[0], np.cumsum(sizes)])
+
+
+def encode_batched(fields, n: int, step: int = 1 << 16):
+    """The byte buffers of :func:`encode_parts` for ``n`` rows, yielded ``step`` rows at a time: ``fields(idx)`` gives
+    the field list of rows ``idx`` (an increasing index array), ``fields(None)`` the one of all rows, only asked for
+    their layouts (:func:`layout_order`). The same bytes as one encoding of all rows; only a batch is held."""
+    if not n:
+        return
+    order = layout_order(fields(None), n)
+    for a in range(0, n, step):
+        idx = np.arange(a, min(n, a + step)) if order is None else np.sort(order[a : a + step])
+        parts, _ = encode_parts(fields(idx), len(idx))
+        yield from parts

@@ -20,8 +20,9 @@ import numpy as np
 
 from .. import layout
 from . import _text as t
-from ._source import SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id
-from .perfetto import _Plan, _short
+from ._source import (SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id,
+                      release_join)
+from .perfetto import CanarySteps, _Plan, _short, canaries
 
 EST_EVENT_BYTES = 130
 BLOCK_EXIT = layout.ENUMS["event_kind"]["block_exit"]
@@ -47,7 +48,8 @@ class _Chrome:
     def tid(self, uuid) -> np.ndarray | int:
         return uuid - self.base if np.isscalar(uuid) else (np.asarray(uuid, np.int64) - self.base)
 
-    def meta(self) -> list[bytes]:
+    def meta(self):
+        """The metadata, canary and clock-sync lines (yielded)."""
         pl, c, u = self.pl, self.c, self.pl.u
         b = c.clock.bound()
         out = []
@@ -80,16 +82,18 @@ class _Chrome:
             thread(u.sm(s), f"SM {s}")
         if pl.canary:
             thread(u.canary, "canary")
-            for s in pl.canary:
-                bad = len(s.get("unexpected", [])) + len(s.get("missing", []))
-                ev({"ph": "i", "s": "t", "pid": self.pid, "tid": int(self.tid(u.canary)), "ts": s["host_ns"] / 1000,
-                    "name": f"step {s['step']} {s.get('buffer', s.get('buffer_id'))}: " + ("ok" if not bad else
-                                                                                         f"{bad} pages off"),
-                    "args": {k: len(s.get(k, [])) for k in ("expected", "changed", "unexpected", "missing")}})
+            for step, buf, host_ns, n in pl.canary.rows():
+                bad = n[2] + n[3]
+                ev({"ph": "i", "s": "t", "pid": self.pid, "tid": int(self.tid(u.canary)), "ts": host_ns / 1000,
+                    "name": f"step {step} {buf}: " + ("ok" if not bad else f"{bad} pages off"),
+                    "args": dict(zip(CanarySteps.LISTS, n))})
+                if len(out) >= 4096:  # a few lines held at a time
+                    yield from out
+                    out.clear()
         for r in c.clock.pairs:
             ev({"ph": "i", "s": "p", "pid": self.pid, "tid": 0, "ts": int(r["host_ns"]) / 1000, "name": "clock sync",
                 "args": {"gpu_ns": int(r["gpu_ns"]), "uncertainty_ns": int(r["uncertainty_ns"])}})
-        return out
+        yield from out
 
     def host(self):
         """The host launch events, then the flow starts ("s", one per flow): yields byte buffers, ``t.SLICE`` lines
@@ -104,10 +108,10 @@ class _Chrome:
         names = [_j(c.kernel_name(s)) for s in us.tolist()]
         nid = nid.reshape(-1)
         for a in range(0, n, t.SLICE):
-            r = rows[a : a + t.SLICE]
+            r, ids = rows[a : a + t.SLICE], nid[a : a + t.SLICE]
             yield from t.render_parts([
                 t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(self.tid(pl.host_tracks(r))),
-                t.lit(',"ts":'), t.ts_us(h.host_ns[r]), t.lit(',"dur":0,"name":'), t.choice(nid[a : a + t.SLICE], names),
+                t.lit(',"ts":'), t.ts_us(h.host_ns[r]), t.lit(',"dur":0,"name":'), t.choice(ids, names),
                 t.lit(',"cat":"host","args":{"replay":'), t.uint(h.launch_id[r]), t.lit(',"node":'),
                 t.uint(np.maximum(h.node_ordinal[r], 0)), t.lit(',"grid_id":'), t.uint(h.grid_id[r]),
                 t.lit(',"blocks_predicted":'), t.uint(np.maximum(h.grid[r], 0)), t.lit(',"blocks_recorded":'),
@@ -115,7 +119,7 @@ class _Chrome:
         if not agg.flows.K:
             return
         # flow starts: one "s" per (host record, device block) flow, record by record
-        cum = np.cumsum(agg.flows.count[rows])
+        cum = np.cumsum(agg.flows.counts(rows))
         for a in range(0, int(cum[-1]), t.SLICE):
             b = min(a + t.SLICE, int(cum[-1]))
             i0, i1 = int(np.searchsorted(cum, a, side="right")), int(np.searchsorted(cum, b, side="left")) + 1
@@ -132,33 +136,33 @@ class _Chrome:
 
     def host_flows(self) -> int:
         f = self.pl.agg.flows
-        return int(f.count[self.pl.host_rows].sum()) if f.K else 0
+        return int(f.counts(self.pl.host_rows).sum()) if f.K else 0
 
-    def slices(self) -> list:
+    def slices(self):
+        """Node executions and replays as "X" events (yielded, ``t.SLICE`` lines at a time)."""
         pl, c, agg, u, h = self.pl, self.c, self.pl.agg, self.pl.u, self.c.host
-        parts = []
         rows = pl.node_rows
         if len(rows):
-            st = agg.first_ts[rows]
-            dur = agg.last_ts[rows] - st
-            tid = self.tid(u.exec_nodes(pl.node_exec, pl.node_lane))
             inv = {v: k for k, v in pl.dev_names.iid.items()}
             nm_arr, nid = np.unique(pl.node_name_iid, return_inverse=True)
-            nm = nm_arr.tolist()
-            parts += t.render_parts([
-                t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'),
-                t.ts_us(c.clock.to_host(st.astype(np.uint64))), t.lit(',"dur":'), t.ts_us(dur), t.lit(',"name":'),
-                t.choice(nid.reshape(-1), [_j(inv[v]) for v in nm]),
-                t.lit(',"cat":"node","args":{"replay":'), t.uint(h.launch_id[rows]), t.lit(',"blocks":'),
-                t.uint(agg.count[rows]), t.lit("}}")], len(rows))
+            nid = nid.reshape(-1)
+            names = [_j(inv[v]) for v in nm_arr.tolist()]
+            for a in range(0, len(rows), t.SLICE):
+                r, s = rows[a : a + t.SLICE], slice(a, a + t.SLICE)
+                st = agg.first_ts[r]
+                yield from t.render_parts([
+                    t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid),
+                    t.uint(self.tid(u.exec_nodes(pl.node_exec[s], pl.node_lane[s]))), t.lit(',"ts":'),
+                    t.ts_us(c.clock.to_host(st.astype(np.uint64))), t.lit(',"dur":'), t.ts_us(agg.last_ts[r] - st),
+                    t.lit(',"name":'), t.choice(nid[s], names), t.lit(',"cat":"node","args":{"replay":'),
+                    t.uint(h.launch_id[r]), t.lit(',"blocks":'), t.uint(agg.count[r]), t.lit("}}")], len(r))
         if pl.replays:
             r = np.array([(x[2], x[3], x[1]) for x in pl.replays], np.uint64)
             tid = self.tid(u.exec_replays(pl.replay_exec, pl.replay_lane))
-            parts += t.render_parts([
+            yield from t.render_parts([
                 t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'),
                 t.ts_us(c.clock.to_host(r[:, 0].astype(np.uint64))), t.lit(',"dur":'), t.ts_us(r[:, 1] - r[:, 0]),
                 t.lit(',"name":"replay","cat":"replay","args":{"replay":'), t.uint(r[:, 2]), t.lit("}}")], len(r))
-        return parts
 
     def counters(self) -> list:
         c, agg = self.c, self.pl.agg
@@ -233,12 +237,13 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
         aggs = [first_pass(c, options, bar) for c in ctxs]
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)
+        release_join(ctxs, options)
         est = sum(a.kept * EST_EVENT_BYTES + c.host.n * 200 for c, a in zip(ctxs, aggs))
         if est > options.ui_limit_bytes:
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
                  "FIRST:LAST, or the Perfetto format")
-        plans = [_Chrome(_Plan(c, a, options)) for c, a in zip(ctxs, aggs)]
+        plans = [_Chrome(_Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
         other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
                  "dump's clock-sync pairs", "alignment": [_align(c) for c in ctxs]}
         head = {"displayTimeUnit": "ns", "otherData": other}
@@ -255,7 +260,9 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                 for b in ch.host():
                     f.write(b)
                 res.flows += ch.host_flows()
-                for b in ch.slices() + ch.counters():
+                for b in ch.slices():
+                    f.write(b)
+                for b in ch.counters():
                     f.write(b)
                 for first, recs in ch.c.chunks(options.chunk):
                     res.written_events += ch.device(first, recs, f.write)

@@ -22,15 +22,15 @@ the few dozen descriptor / interning / snapshot packets use perfetto's own proto
 
 from __future__ import annotations
 
-import bisect
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import OutputError
 from . import _wire as w
 from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
-                      first_pass, flow_id, unique_pairs)
+                      first_pass, flow_id, release_join, unique_pairs)
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
@@ -166,7 +166,7 @@ def _short(name: str) -> str:
 class _Plan:
     """Everything of one context decided before its packets are written."""
 
-    def __init__(self, c: Ctx, agg, options: EmitOptions) -> None:
+    def __init__(self, c: Ctx, agg, options: EmitOptions, canary: "CanarySteps | None" = None) -> None:
         self.c, self.agg, self.opt = c, agg, options
         self.u = _Uuids(c)
         self.dev_seq = 2 + 2 * c.serial
@@ -242,12 +242,7 @@ class _Plan:
             us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
             self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
                                           np.uint64)[inv.reshape(-1)]
-        self.canary = None
-        if c.dump.groups_of("canary", context_id=c.context_id):
-            from .. import canary
-
-            res = canary.check(c.dump)
-            self.canary = [s for s in res.steps if s.get("context_id", c.context_id) == c.context_id]
+        self.canary = canary if canary is not None else canary_steps(c.dump).get(c.context_id)
 
     # -- metadata packets (perfetto protos) ------------------------------------------------------------------
 
@@ -325,26 +320,22 @@ class _Plan:
             out.append(frame(p.SerializeToString()))
         return out
 
-    def canary_packets(self, pb) -> list[bytes]:
-        out = []
-        for s in self.canary or []:
+    def canary_packets(self, pb):
+        """One instant per checked (step, buffer), yielded one by one."""
+        for step, buf, host_ns, n in self.canary.rows() if self.canary else ():
             p = pb.TracePacket()
             p.trusted_packet_sequence_id = self.host_seq
             p.sequence_flags = SEQ_NEEDS
-            p.timestamp = int(s["host_ns"])
+            p.timestamp = host_ns
             te = p.track_event
             te.type = T_INSTANT
             te.track_uuid = self.u.canary
-            bad = len(s.get("unexpected", [])) + len(s.get("missing", []))
-            te.name = (f"step {s['step']} {s.get('buffer', s.get('buffer_id'))}: "
-                       + ("ok" if not bad else f"{len(s.get('unexpected', []))} unexpected, "
-                                               f"{len(s.get('missing', []))} missing"))
-            for key in ("expected", "changed", "unexpected", "missing"):
+            te.name = f"step {step} {buf}: " + ("ok" if not n[2] + n[3] else f"{n[2]} unexpected, {n[3]} missing")
+            for key, v in zip(CanarySteps.LISTS, n):
                 a = te.debug_annotations.add()
                 a.name = key
-                a.uint_value = len(s.get(key, []))
-            out.append(frame(p.SerializeToString()))
-        return out
+                a.uint_value = v
+            yield frame(p.SerializeToString())
 
     # -- device events ------------------------------------------------------------------------------------
 
@@ -386,20 +377,15 @@ class _Plan:
         """The host launch instants, with the flows they start: yields byte buffers, a batch of records at a time
         (in the order one encoding of all records gives, :func:`_wire.layout_order`), so that only a batch's flow
         ids and bytes are held."""
-        rows = self.host_rows
-        if not len(rows):
-            return
-        order = w.layout_order(self._host_fields(rows, None), len(rows))
-        step = max(1, HOST_BATCH // max(1, self.opt.flows))
-        for a in range(0, len(rows), step):
-            sel = rows[a : a + step] if order is None else rows[np.sort(order[a : a + step])]
-            parts, _ = w.encode_parts(self._host_fields(sel, self.agg.flows), len(sel))
-            yield from parts
+        rows, flows = self.host_rows, self.agg.flows
+        yield from w.encode_batched(lambda i: self._host_fields(rows, None) if i is None else
+                                    self._host_fields(rows[i], flows), len(rows),
+                                    max(1, HOST_BATCH // max(1, self.opt.flows)))
 
     def host_flows(self) -> int:
         """Flows the host records start."""
         f = self.agg.flows
-        return int(f.count[self.host_rows].sum()) if f.K else 0
+        return int(f.counts(self.host_rows).sum()) if f.K else 0
 
     def _host_fields(self, rows: np.ndarray, flows) -> list:
         """The fields of the host records ``rows`` (``flows`` None: flow ids left out, only their count)."""
@@ -411,7 +397,7 @@ class _Plan:
         if not K:
             fids, cnt = np.zeros((n, 0), np.uint64), np.zeros(n, np.int64)
         elif flows is None:
-            fids, cnt = np.zeros((n, 0), np.uint64), agg.flows.count[rows]
+            fids, cnt = np.zeros((n, 0), np.uint64), agg.flows.counts(rows)
         else:
             fd, cnt = flows.of_rows(rows)
             fids = flow_id(c, np.maximum(fd, 0))
@@ -431,39 +417,43 @@ class _Plan:
         return [w.msg(1, [w.varint(8, h.host_ns[rows]), w.varint(10, self.host_seq), w.msg(11, te),
                           w.const(bytes([0x68, SEQ_NEEDS]))])]
 
-    def slice_packets(self) -> list:
-        agg, u, parts = self.agg, self.u, []
+    def slice_packets(self):
+        """Node executions and replays as slices (yielded, a batch at a time)."""
+        agg, u = self.agg, self.u
         rows = self.node_rows
         h = self.c.host
         if len(rows):
             st, en = agg.first_ts[rows].astype(np.uint64), agg.last_ts[rows].astype(np.uint64)
             track = u.exec_nodes(self.node_exec, self.node_lane)
-            inst = st == en
-            parts += self._slices(st, en, track, self.node_name_iid, inst,
-                                  [(2, h.launch_id[rows].astype(np.uint64)), (3, agg.count[rows].astype(np.uint64))])
+            yield from self._slices(st, en, track, self.node_name_iid,
+                                    [(2, h.launch_id[rows].astype(np.uint64)), (3, agg.count[rows].astype(np.uint64))])
         if self.replays:
             r = np.array([(x[2], x[3]) for x in self.replays], np.uint64)
             st, en = r[:, 0].astype(np.uint64), r[:, 1].astype(np.uint64)
             track = u.exec_replays(self.replay_exec, self.replay_lane)
-            parts += self._slices(st, en, track, self.replay_name_iid, st == en,
-                                  [(2, np.array([x[1] for x in self.replays], np.uint64))])
-        return parts
+            yield from self._slices(st, en, track, self.replay_name_iid,
+                                    [(2, np.array([x[1] for x in self.replays], np.uint64))])
 
-    def _slices(self, st, en, track, name_iid, inst, anns) -> list:
-        n = len(st)
-        typ = np.where(inst, T_INSTANT, T_BEGIN).astype(np.uint64)
-        te = [w.msg(4, [w.const(bytes([0x08, i])), w.varint(3, v)]) for i, v in anns]
-        te += [w.varint(9, typ), w.varint(10, name_iid), w.varint(11, track)]
-        pk = [w.varint(8, st), w.varint(10, self.dev_seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
-        parts, _ = w.encode_parts([w.msg(1, pk)], n)
-        ends = np.flatnonzero(~inst)
-        if len(ends):
-            te = [w.const(bytes([0x48, T_END])), w.varint(11, track[ends])]
-            pk = [w.varint(8, en[ends]), w.varint(10, self.dev_seq), w.msg(11, te),
-                  w.const(bytes([0x68, SEQ_NEEDS]))]
-            p2, _ = w.encode_parts([w.msg(1, pk)], len(ends))
-            parts += p2
-        return parts
+    def _slices(self, st, en, track, name_iid, anns):
+        """Begin packets (instants where a slice starts and ends at once), then end packets."""
+        def begins(i):
+            i = slice(None) if i is None else i
+            typ = np.where(st[i] == en[i], T_INSTANT, T_BEGIN).astype(np.uint64)
+            te = [w.msg(4, [w.const(bytes([0x08, k])), w.varint(3, v[i])]) for k, v in anns]
+            te += [w.varint(9, typ), w.varint(10, name_iid[i]), w.varint(11, track[i])]
+            return [w.msg(1, [w.varint(8, st[i]), w.varint(10, self.dev_seq), w.msg(11, te),
+                              w.const(bytes([0x68, SEQ_NEEDS]))])]
+
+        yield from w.encode_batched(begins, len(st))
+        ends = np.flatnonzero(st != en)
+
+        def finish(i):
+            e = ends if i is None else ends[i]
+            te = [w.const(bytes([0x48, T_END])), w.varint(11, track[e])]
+            return [w.msg(1, [w.varint(8, en[e]), w.varint(10, self.dev_seq), w.msg(11, te),
+                              w.const(bytes([0x68, SEQ_NEEDS]))])]
+
+        yield from w.encode_batched(finish, len(ends))
 
     def counter_packets(self) -> list:
         agg, u, c = self.agg, self.u, self.c
@@ -528,6 +518,60 @@ class _Plan:
         return w.encode_groups([w.msg(1, pk)], len(recs))
 
 
+@dataclass(frozen=True)
+class CanarySteps:
+    """The checked (step, buffer) records of one context, as the traces show them: step, buffer name, host time and
+    the page counts of :attr:`LISTS` (a few numbers per record, not the page lists :func:`kvconv.canary.check`'s
+    step dicts carry)."""
+
+    LISTS = ("expected", "changed", "unexpected", "missing")
+    step: np.ndarray
+    buffer: np.ndarray  # index into names
+    names: list
+    host_ns: np.ndarray
+    counts: np.ndarray  # (records, 4)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def rows(self):
+        """``(step, buffer name, host ns, (expected, changed, unexpected, missing))`` per record, as Python ints."""
+        for st, b, hn, n in zip(self.step.tolist(), self.buffer.tolist(), self.host_ns.tolist(), self.counts.tolist()):
+            yield st, self.names[b], hn, n
+
+
+def canary_steps(d) -> dict:
+    """context id -> :class:`CanarySteps` of the dump ``d`` (one check of the dump for all its contexts; the step
+    dicts are read a batch at a time and only their counts kept)."""
+    if not d.groups_of("canary"):
+        return {}
+    from .. import canary
+
+    cols: dict = {}
+    names: dict = {}
+    for s in canary.check(d).steps:
+        ctx = s["context_id"]
+        c = cols.setdefault(ctx, ([], [], [], []))
+        buf = s.get("buffer", s.get("buffer_id"))
+        c[0].append(s["step"])
+        c[1].append(names.setdefault(buf, len(names)))
+        c[2].append(s["host_ns"])
+        c[3].append([len(s.get(k, ())) for k in CanarySteps.LISTS])
+    nl = list(names)
+    return {ctx: CanarySteps(step=np.array(a, np.int64), buffer=np.array(b, np.int64), names=nl,
+                             host_ns=np.array(h, np.uint64), counts=np.array(n, np.int64).reshape(-1, 4))
+            for ctx, (a, b, h, n) in cols.items() if a}
+
+
+def canaries(ctxs) -> list:
+    """Each context's :class:`CanarySteps` (empty: none), each dump checked once."""
+    by_dump: dict = {}
+    for c in ctxs:
+        if id(c.dump) not in by_dump:
+            by_dump[id(c.dump)] = canary_steps(c.dump)
+    return [by_dump[id(c.dump)].get(c.context_id, ()) for c in ctxs]
+
+
 def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
     return sum(a.kept * EST_EVENT_BYTES + c.host.n * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
 
@@ -542,12 +586,13 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         aggs = [first_pass(c, options, bar) for c in ctxs]
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)
+        release_join(ctxs, options)
         est = estimate_bytes(ctxs, aggs, options)
         if est > options.ui_limit_bytes:
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
                  "--replays FIRST:LAST, or open it with trace_processor --httpd")
-        plans = [_Plan(c, a, options) for c, a in zip(ctxs, aggs)]
+        plans = [_Plan(c, a, options, canary=k) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
@@ -564,7 +609,11 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                 f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
                 for b in pl.host_packets():
                     f.write(b)
-                for b in pl.canary_packets(pb) + pl.slice_packets() + pl.counter_packets():
+                for b in pl.canary_packets(pb):
+                    f.write(b)
+                for b in pl.slice_packets():
+                    f.write(b)
+                for b in pl.counter_packets():
                     f.write(b)
                 res.flows += pl.host_flows()
                 for first, recs in c.chunks(options.chunk):
