@@ -107,6 +107,10 @@ Host times (`CLOCK_MONOTONIC`) are reported in their own domain and never subtra
 def render() -> str:
     out = [INTRO.format(major=layout.MAJOR, minor=layout.MINOR, align=layout.ALIGN,
                         majors=", ".join(map(str, layout.SUPPORTED_MAJORS)))]
+    out.append("## Versions\n")
+    out.append("Each group header carries the lowest minor whose features the group uses; readers of an older minor "
+               "read it with a warning.\n")
+    out += [f"- {layout.MAJOR}.{m}: {what}" for m, what in layout._SPEC["minor_history"].items()] + [""]
     out.append("## Record kinds\n")
     out.append("| id | kind | record size | layout | what |")
     out.append("| --- | --- | --- | --- | --- |")

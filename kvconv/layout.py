@@ -121,7 +121,14 @@ def _dtype(lay: Layout) -> np.dtype:
 _SPEC = _load()
 MAGIC: bytes = _SPEC["magic"].encode("latin-1")
 MAJOR: int = _SPEC["major"]
-MINOR: int = _SPEC["minor"]
+MINOR: int = _SPEC["minor"]  # the newest minor this reader and its writers know
+MINOR_OF_FLAGS: dict[str, int] = _SPEC["minor_of_header_flags"]
+
+
+def group_minor(flags: int) -> int:
+    """The minor a group header carries: the lowest whose features the group uses (0 without any newer flag)."""
+    bits = _SPEC["enums"]["header_flags"]
+    return max([0] + [m for name, m in MINOR_OF_FLAGS.items() if flags & bits[name]])
 SUPPORTED_MAJORS: tuple[int, ...] = tuple(_SPEC["supported_majors"])
 HEADER_SIZE: int = _SPEC["header_size"]
 ALIGN: int = _SPEC["payload_alignment"]
@@ -183,7 +190,9 @@ def c_header() -> str:
         "",
         f'#define KVCONV_MAGIC "{_SPEC["magic"].rstrip(chr(0))}" /* 8 bytes with the trailing NUL */',
         f"#define KVCONV_MAJOR {MAJOR}",
-        f"#define KVCONV_MINOR {MINOR}",
+        f"#define KVCONV_MINOR {MINOR} /* the newest minor; a group header carries the lowest it needs */",
+        "#define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */",
+        *[f"#define KVCONV_MINOR_{n.upper()} {m} /* a group with header flag {n} */" for n, m in MINOR_OF_FLAGS.items()],
         f"#define KVCONV_HEADER_SIZE {HEADER_SIZE}",
         f"#define KVCONV_PAYLOAD_ALIGN {ALIGN}",
         "",

@@ -52,7 +52,7 @@ def test_host_writer_groups_and_headers(host_dump):
             hdr = raw[g.offset:g.offset + 64]
             assert hdr[:8] == b"KVCDUMP\0"
             assert int.from_bytes(hdr[60:64], "little") == zlib.crc32(hdr[:60])
-            assert g.major == layout.MAJOR and g.minor == layout.MINOR and g.header_size == 64 and g.flags == 0
+            assert g.major == layout.MAJOR and g.minor == layout.group_minor(g.flags) == 0 and g.header_size == 64 and g.flags == 0
             assert g.crc_ok()
             assert g.payload_offset % 8 == 0
         ev = d.groups_of("device_event", context_id=0)[0]
@@ -257,6 +257,7 @@ def _live_prefix(path: Path) -> dict:
     assert [p.code for p in d.problems if p.code != "unfinished"] == [], [p.line() for p in d.problems]
     out = {}
     for g in d.groups:
+        assert g.minor == (1 if g.live else 0), (g.index, g.minor)  # format 1.1: the live flag is minor 1's
         r, key = g.records, (g.context_id, g.kind_name)
         if g.kind_name == "device_event":
             n = np.arange(len(r), dtype=np.uint64)

@@ -31,7 +31,8 @@ import numpy as np
 
 from .. import layout
 from .._workers import worker
-from ._source import SLICE, EmitOptions, EmitResult, emit_run
+from ..dump import release_pages
+from ._source import RELEASE_BYTES, SLICE, EmitOptions, EmitResult, emit_run
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
 #               11.7 at 8192)
@@ -159,7 +160,7 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
     res.alignment.append(align)
     res.join.append(c.join)
     base_meta = {
-        "kvconv.format_version": f"{layout.MAJOR}.{layout.MINOR}",
+        "kvconv.format_version": f"{layout.MAJOR}.{max((g.minor for g in c.dump.groups), default=0)}",  # the dump's
         "kvconv.run": c.run,
         "kvconv.source": c.label,
         "kvconv.run_metadata": json.dumps(c.meta, sort_keys=True, separators=(",", ":")),
@@ -261,10 +262,13 @@ def _small_tables(pa, c, sink) -> int:
         s.close()
 
     def table(kind: str, dtype: np.dtype, extra=(), more=None) -> int:
-        recs = d.records(kind, context_id=ctx)
-        cols = {**_columns(recs), "context_id": ctxcol(len(recs)), **(more(recs) if more is not None else {})}
-        put(kind, cols, dtype, extra)
-        return len(recs)
+        s = sink(kind, dtype, extra)
+        n = 0
+        for recs in _record_batches(d, kind, ctx):
+            s.write({**_columns(recs), "context_id": ctxcol(len(recs)), **(more(recs) if more is not None else {})})
+            n += len(recs)
+        s.close()
+        return n
 
     def names(recs, off: str, n: str) -> list[str]:
         return [blob[int(o) : int(o) + int(k)].decode("utf-8", "replace") for o, k in zip(recs[off], recs[n])]
@@ -291,6 +295,22 @@ def _small_tables(pa, c, sink) -> int:
         put("strings", {"context_id": ctxcol(1), "blob": pa.array([blob], pa.binary())}, None,
             fields=[pa.field("blob", pa.binary())])
     return host
+
+
+def _record_batches(d, kind: str, ctx: int):
+    """The records of a small table: all at once up to BATCH records (one record batch), else BATCH at a time, the
+    pages of each given back once written on large dumps (host records grow with the run)."""
+    gs = d.groups_of(kind, context_id=ctx)
+    if sum(len(g.records) for g in gs) <= BATCH:
+        yield d.records(kind, context_id=ctx)
+        return
+    mm = getattr(d, "_mm", None) if d.size > RELEASE_BYTES else None
+    for g in gs:
+        rs = int(g.header["record_size"])
+        for s, view in g.chunks(BATCH):
+            yield view
+            if mm is not None:
+                release_pages(mm, g.payload_offset + s * rs, len(view) * rs)
 
 
 def _match_tables(c) -> list:

@@ -13,7 +13,9 @@
 
 #define KVCONV_MAGIC "KVCDUMP" /* 8 bytes with the trailing NUL */
 #define KVCONV_MAJOR 1
-#define KVCONV_MINOR 0
+#define KVCONV_MINOR 1 /* the newest minor; a group header carries the lowest it needs */
+#define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */
+#define KVCONV_MINOR_LIVE 1 /* a group with header flag live */
 #define KVCONV_HEADER_SIZE 64
 #define KVCONV_PAYLOAD_ALIGN 8
 

@@ -22,6 +22,7 @@ kvconv_header_t make_live_header(const GroupSpec& g) {
   s.drop_count = 0;
   kvconv_header_t h = make_header(s, 0);
   h.flags = KVCONV_HEADER_FLAGS_LIVE;
+  h.minor = KVCONV_MINOR_LIVE;  // the live flag is minor 1's: a 1.0 reader warns (newer minor) instead of guessing
   h.header_crc32 = crc32(&h, offsetof(kvconv_header_t, header_crc32));  // the volatile fields are 0 here
   return h;
 }
