@@ -116,3 +116,20 @@ def test_merged_perfetto_shows_both_gpus_and_their_nodes(tmp_path):
         assert sum(per_track[k][3] for k in g if "/ device blocks / SM" in k) == 1760
         assert sum(per_track[k][1] for k in g if k.endswith("/ replays")) == 7
         assert sum(per_track[k][1] + per_track[k][3] for k in g if "/ nodes" in k) == 280
+
+
+def test_merged_chrome_has_one_process_per_rank_and_their_replays(tmp_path):
+    res = run_cli("chrome", *RANKS, "-o", "-")
+    assert res.returncode == 0, res.stderr
+    ev = json.loads(res.stdout)["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    gpu = {pid: name for pid, name in procs.items() if name.startswith("GPU ")}
+    assert sorted(gpu.values()) == ["GPU 0 · ctx 0 · rank0.kvdump", "GPU 1 · ctx 0 · rank1.kvdump"]
+    count = Counter((e["pid"], e.get("cat")) for e in ev if e.get("ph") == "X")
+    for pid in gpu:
+        assert (count[(pid, "block")], count[(pid, "node")], count[(pid, "replay")]) == (1760, 280, 7)
+    # replay i of rank 1 ends (its last node) within the alignment bound of replay i of rank 0
+    ends = {pid: sorted(e["ts"] + e["dur"] for e in ev if e.get("cat") == "replay" and e["pid"] == pid)
+            for pid in gpu}
+    a, b = ends.values()
+    assert all(abs(x - y) < 22.62 for x, y in zip(a, b)), list(zip(a, b))
