@@ -243,6 +243,34 @@ def test_h200_death_leaves_every_event(case, tmp_path):
         assert meta["counters"]["device_state_unreadable"] == 1
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("case", DEATHS)
+def test_gpu_every_end_leaves_every_event(case, tmp_path):
+    """On a GPU, with the tracer as built: each end of native/workloads/die.py leaves a dump that validates with every
+    event the workload launched (the same checks as the committed H200 fixtures above, on a fresh run)."""
+    p = subprocess.run(["make", "-C", str(NATIVE), "tracer"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    out = tmp_path / f"{case}.kvdump"
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(BUILD / "libkvconv_tracer.so"), KVCONV_OUTPUT=str(out),
+               KVCONV_DEVICE_CAPACITY="4096", KVCONV_HOST_CAPACITY="1024")
+    r = subprocess.run([sys.executable, str(NATIVE / "workloads" / "die.py"), case, "--layers", "4", "--replays", "3"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    launched = json.loads(next(ln for ln in r.stdout.splitlines() if '"workload"' in ln))["expected"]
+    assert out.exists(), f"{case}: exit {r.returncode}, no dump\n{r.stderr[-2000:]}"
+    from conftest import run_cli
+
+    v = run_cli("validate", out)
+    assert v.returncode == 0, v.stdout + v.stderr
+    d = dump.scan(out)
+    assert [p.code for p in d.problems] == (["unfinished"] if case in LIVE_ENDS else [])
+    assert len(d.records("device_event")) == launched["device_events"]
+    assert len(d.records("graph_node")) == launched["graph_node_records"]
+    assert len(d.records("eager_launch")) == launched["eager_launches"]
+    assert all(g.minor == (1 if g.live else 0) for g in d.groups)
+    d.close()
+
+
 @pytest.fixture(scope="module")
 def live_test(tmp_path_factory):
     build = tmp_path_factory.mktemp("native-live")
