@@ -514,16 +514,27 @@ def _lookup(table: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarr
 _LUT_MAX = 1 << 22
 
 
-def _grid_tables(d: dumpmod.Dump, ctx: int):
+def _grid_tables(d: dumpmod.Dump, ctx: int, table=None):
     """Per grid id and per kernel slot, the largest grid of the host launches carrying it (None without hosts).
 
     Events with %gridid are checked against their own launch; events without it against the largest grid any
-    launch of the same kernel slot had (a weaker, order-free bound)."""
-    hosts = [d.records(k, context_id=ctx) for k in ("graph_node", "eager_launch")]
-    hosts = [h for h in hosts if len(h)]
-    if not hosts:
-        return None
-    h = np.concatenate(hosts) if len(hosts) > 1 else hosts[0]
+    launch of the same kernel slot had (a weaker, order-free bound). ``table``: the reconciler's launch table of the
+    context (:class:`kvconv.reconcile.LaunchTable`), whose columns serve instead of reading the records again."""
+    if table is not None:
+        if not table.n:
+            return None
+        h = {"grid_id": table.grid_id, "kernel_slot": table.kernel_slot,
+             **{f: a.astype(np.uint32) for f, a in (("grid_x", table.gx), ("grid_y", table.gy), ("grid_z", table.gz))}}
+    else:
+        hosts = [g.records for k in ("graph_node", "eager_launch") for g in d.groups_of(k, context_id=ctx)]
+        hosts = [r for r in hosts if len(r)]
+        if not hosts:
+            return None
+        # the five columns, not whole records: then the records' pages can go (large dumps)
+        h = {f: np.concatenate([r[f] for r in hosts]) for f in ("grid_id", "kernel_slot", "grid_x", "grid_y", "grid_z")}
+        from .reconcile.launches import release_records
+
+        release_records(d, ctx)
     gids, gdims = _max_by_key(h["grid_id"], h)
     slots, sdims = _max_by_key(h["kernel_slot"], h)
     return gids, gdims, slots, sdims
@@ -559,8 +570,8 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
             slots = slots_by_ctx.get(ctx, set()) if have_table else None
             sub = _ContextView(d, ctx)
             s = rc.stream(ctx) if rc is not None and ctx in rc.contexts else None
-            _check_device_events(sub, c, slots, _grid_tables(d, ctx), feed=s.feed if s is not None else None,
-                                 pages=pages)
+            _check_device_events(sub, c, slots, _grid_tables(d, ctx, s.t if s is not None else None),
+                                 feed=s.feed if s is not None else None, pages=pages)
             if s is not None:
                 try:
                     rc.close(ctx)

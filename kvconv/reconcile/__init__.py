@@ -221,8 +221,7 @@ class Reconciler:
         return sum(len(g.records) for g in self.d.groups_of("device_event", context_id=ctx))
 
     def stream(self, ctx: int) -> ContextStream:
-        t = LaunchTable.load(self.d, ctx)
-        release_host_pages(self.d, ctx)
+        t = LaunchTable.load(self.d, ctx)  # gives the host records' pages back on large dumps
         nh = int((~t.upload).sum())
         s = ContextStream(t, ExactJoin(t) if nh and self.options.join != "ordered" else None, ctx=ctx,
                           n_events=self.n_events(ctx), tables=self.tables)
@@ -235,7 +234,11 @@ class Reconciler:
         """The context's pass has ended: reconcile it now (its streaming state goes)."""
         notes = Notes(self.d, ctx, self.options)
         s = self._streams.pop(ctx, None)
+        if s is not None:
+            s.xj = None  # the pass is over: the join's lookup tables are not needed by the report
         out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables)
+        if s is not None:
+            s.release()
         self._done[ctx] = (out, notes.findings(), sum(notes.mismatches.values()))
 
     def result(self) -> ReconcileResult:
@@ -263,16 +266,6 @@ class Reconciler:
         return ReconcileResult(path=str(self.d.path), join_requested=self.options.join, contexts=contexts,
                                findings=findings, matches=m, launches=la, mismatches=mismatches,
                                counts=(n_ev, n_matched, n_launches))
-
-
-def release_host_pages(d, ctx: int) -> None:
-    """The host records' pages, once the launch table holds its copy of them (large dumps only)."""
-    from ..dump import release_pages
-
-    if d.size > RELEASE_BYTES:
-        for kind in ("graph_node", "eager_launch"):
-            for g in d.groups_of(kind, context_id=ctx):
-                release_pages(d._mm, g.payload_offset, len(g.records) * int(g.header["record_size"]))
 
 
 @dataclass(frozen=True)

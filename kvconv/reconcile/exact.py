@@ -65,23 +65,30 @@ class ExactJoin:
     def __init__(self, t: LaunchTable) -> None:
         cand = ~t.upload & ~t.dup
         has_tag = t.has_tag
-        htag = np.where(has_tag, t.tag, 0).astype(np.uint64)
-        rank = t.rank
+        rows = np.int32 if t.n < (1 << 31) else np.int64  # row numbers: half the bytes per host record
+        # the table's own gridid and tag columns check a hit (tagged records: their tag is the key's)
+        self.gid, self.tag = t.grid_id, t.tag
         # 1) (gridid, tag) of tagged records, the first in report order winning
         r = np.flatnonzero(cand & has_tag)
-        r = r[np.argsort(rank[r], kind="stable")]
-        k = _gid_key(t.grid_id[r], htag[r])
+        r = r[np.argsort(t.rank[r], kind="stable")]
+        k = _gid_key(t.grid_id[r], t.tag[r])
         o = np.argsort(k, kind="stable")
-        self.k1, self.r1 = k[o], r[o].astype(np.int64)
-        self.g1, self.t1 = t.grid_id[self.r1].astype(np.uint64), htag[self.r1]
+        self.k1, self.r1 = k[o], r[o].astype(rows)
+        del k, o, r
+        g1, t1 = self._g1t1()
         same = self.k1[1:] == self.k1[:-1]
-        self.collide = bool(np.any(same & ((self.g1[1:] != self.g1[:-1]) | (self.t1[1:] != self.t1[:-1]))))
+        self.collide = bool(np.any(same & ((g1[1:] != g1[:-1]) | (t1[1:] != t1[:-1]))))
+        del g1, t1, same
         # 2) gridid alone, where exactly one record has it
         a = np.flatnonzero(cand)
         ug, fi, cnt = np.unique(t.grid_id[a].astype(np.uint64), return_index=True, return_counts=True)
         self.ug = ug
-        self.u_row = np.where(cnt == 1, a[fi], -1).astype(np.int64)
+        self.u_row = np.where(cnt == 1, a[fi], -1).astype(rows)
         self.u_tagged = has_tag[a[fi]]
+
+    def _g1t1(self) -> tuple[np.ndarray, np.ndarray]:
+        """gridid and tag of the tagged records, in key order."""
+        return self.gid[self.r1].astype(np.uint64), self.tag[self.r1].astype(np.uint64)
 
     def lookup(self, gid, tag, flags, kind) -> np.ndarray:
         gid = np.asarray(gid).astype(np.uint64, copy=False)
@@ -104,14 +111,16 @@ class ExactJoin:
         if not self.collide:
             p = np.searchsorted(self.k1, _gid_key(gi, ti))
             np.minimum(p, len(self.k1) - 1, out=p)
-            hit = (self.g1[p] == gi) & (self.t1[p] == ti)
-            out[i[hit]] = self.r1[p[hit]]
+            r = self.r1[p]
+            hit = (self.gid[r] == gi) & (self.tag[r] == ti)
+            out[i[hit]] = r[hit]
             return
         # two (gridid, tag) pairs share a key: ranks of the exact pairs instead
-        gids = np.unique(np.r_[self.g1, gi])
-        tags = np.unique(np.r_[self.t1, ti])
+        g1, t1 = self._g1t1()
+        gids = np.unique(np.r_[g1, gi])
+        tags = np.unique(np.r_[t1, ti])
         nt = np.int64(len(tags))
-        hk = np.searchsorted(gids, self.g1).astype(np.int64) * nt + np.searchsorted(tags, self.t1)
+        hk = np.searchsorted(gids, g1).astype(np.int64) * nt + np.searchsorted(tags, t1)
         ek = np.searchsorted(gids, gi).astype(np.int64) * nt + np.searchsorted(tags, ti)
         oo = np.argsort(hk, kind="stable")  # r1 is in report order within equal pairs
         hks = hk[oo]

@@ -79,23 +79,60 @@ class LaunchTable:
 
     @classmethod
     def load(cls, d, ctx: int) -> "LaunchTable":
-        gn = d.records("graph_node", context_id=ctx)
-        el = d.records("eager_launch", context_id=ctx)
-        recs = np.concatenate([np.asarray(gn), np.asarray(el)]) if len(el) else np.array(gn)
-        n_gn = len(gn)
-        kind = np.concatenate([np.full(n_gn, GRAPH_NODE, np.uint16), np.full(len(el), EAGER, np.uint16)])
-        index = np.concatenate([np.arange(n_gn), np.arange(len(el))]).astype(np.int64)
-        gx, gy, gz = (recs[f].astype(np.uint64) for f in ("grid_x", "grid_y", "grid_z"))
+        c, n_gn, n_el = _columns(d, ctx)
+        kind = np.concatenate([np.full(n_gn, GRAPH_NODE, np.uint16), np.full(n_el, EAGER, np.uint16)])
+        index = np.concatenate([np.arange(n_gn), np.arange(n_el)]).astype(np.int64)
+        gx, gy, gz = (c.pop(f).astype(np.uint64) for f in ("grid_x", "grid_y", "grid_z"))
         with np.errstate(over="ignore"):
             grid = (gx * gy * gz).astype(np.int64)
-        upload = (kind == GRAPH_NODE) & ((recs["flags"] & _LF["graph_upload"]) != 0)
-        ordn = np.full(len(recs), -1, np.int32)
-        ordn[:n_gn] = node_ordinals(recs[:n_gn])
-        return cls(n_gn=n_gn, kind=kind, index=index, host_ns=recs["host_ns"].astype(np.uint64),
-                   graph_exec=recs["graph_exec"], launch_id=recs["launch_id"], node=recs["node"],
-                   grid_id=recs["grid_id"], stream=recs["stream"], kernel_slot=recs["kernel_slot"],
-                   flags=recs["flags"], tag=recs["tag"], gx=gx, gy=gy, gz=gz, grid=grid, upload=upload,
-                   dup=_duplicates(kind, index, upload, recs), node_ordinal=ordn)
+        upload = (kind == GRAPH_NODE) & ((c["flags"] & _LF["graph_upload"]) != 0)
+        ordn = np.full(n_gn + n_el, -1, np.int32)
+        ordn[:n_gn] = node_ordinals({f: c[f][:n_gn] for f in ("flags", "graph_exec", "launch_id", "node")})
+        dup = _duplicates(kind, index, upload, c)
+        return cls(n_gn=n_gn, kind=kind, index=index, gx=gx, gy=gy, gz=gz, grid=grid, upload=upload, dup=dup,
+                   node_ordinal=ordn, **c)
+
+
+_FIELDS = ("host_ns", "graph_exec", "launch_id", "node", "grid_id", "stream", "kernel_slot", "flags", "tag",
+           "grid_x", "grid_y", "grid_z")
+_HOST_DTYPE = layout.DTYPES["host_launch"]
+_CHUNK = 1 << 16  # records copied into the columns at a time
+
+
+def _columns(d, ctx: int) -> tuple[dict, int, int]:
+    """The host records' fields as compact columns (graph nodes, then eager launches, each in record order), read
+    from the mapped records a chunk at a time: no copy of whole records is made (a record is 96 bytes, the
+    columns 76 of them) and, on large dumps, each chunk's pages are given back once copied."""
+    from ..dump import release_pages
+    from . import RELEASE_BYTES
+
+    gn = d.groups_of("graph_node", context_id=ctx)
+    el = d.groups_of("eager_launch", context_id=ctx)
+    n_gn, n_el = sum(len(g.records) for g in gn), sum(len(g.records) for g in el)
+    cols = {f: np.empty(n_gn + n_el, _HOST_DTYPE[f]) for f in _FIELDS}
+    release = d.size > RELEASE_BYTES
+    at = 0
+    for g in list(gn) + list(el):
+        r, rs = g.records, int(g.header["record_size"])
+        for s in range(0, len(r), _CHUNK):
+            v = r[s : s + _CHUNK]
+            for f in _FIELDS:
+                cols[f][at + s : at + s + len(v)] = v[f]
+            if release:
+                release_pages(d._mm, g.payload_offset + s * rs, len(v) * rs)
+        at += len(r)
+    return cols, n_gn, n_el
+
+
+def release_records(d, ctx: int) -> None:
+    """Give back the pages of a context's host records (large dumps only): the table holds its own columns."""
+    from ..dump import release_pages
+    from . import RELEASE_BYTES
+
+    if d.size > RELEASE_BYTES:
+        for kind in ("graph_node", "eager_launch"):
+            for g in d.groups_of(kind, context_id=ctx):
+                release_pages(d._mm, g.payload_offset, len(g.records) * int(g.header["record_size"]))
 
 
 def _duplicates(kind, index, upload, recs) -> np.ndarray:
@@ -116,11 +153,11 @@ def _duplicates(kind, index, upload, recs) -> np.ndarray:
     return dup
 
 
-def node_ordinals(g: np.ndarray) -> np.ndarray:
+def node_ordinals(g) -> np.ndarray:
     """Node ordinal of each graph-node record (graph uploads: -1): per graph exec, the nodes of the first replay
     holding the most distinct nodes in their record order, then the other nodes in order of first sight (replay,
-    then record order)."""
-    out = np.full(len(g), -1, np.int32)
+    then record order). ``g``: records, or columns by field name."""
+    out = np.full(len(g["flags"]), -1, np.int32)
     live = np.flatnonzero((g["flags"] & _LF["graph_upload"]) == 0)
     if not len(live):
         return out

@@ -122,6 +122,12 @@ class ContextStream:
     def stop(self) -> None:
         self._give_up()
 
+    def release(self) -> None:
+        """The context is reconciled: its per-row state goes now, whoever still holds this stream (the caller's
+        loop variable would otherwise keep one context's table alive while the next one's is built)."""
+        self.t = self.xj = self.b = self.replay = self.ordinal = None
+        self.parts, self.un_events, self.matches = [], [], None
+
     def _give_up(self) -> None:
         self.in_order = False
         self.b = None

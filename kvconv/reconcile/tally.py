@@ -50,11 +50,13 @@ class TallyBuilder:
     def __init__(self, t: LaunchTable) -> None:
         nH = t.n
         self.t = t
+        # per row: 24 bytes while the events go by. Events outside the grid and repeated blocks are rare: their
+        # counts are allocated at the first one (those inside the grid are the recorded less the outside ones);
+        # the unsigned earliest entry is the signed one until an entry at or beyond 2^63 ns comes (then kept apart)
         self.recorded = np.zeros(nH, np.int64)
-        self.n_inside = np.zeros(nH, np.int64)
-        self.outside = np.zeros(nH, np.int64)
-        self.repeats = np.zeros(nH, np.int64)
-        self.tmin_u = np.full(nH, _U64_MAX, np.uint64)
+        self.outside: np.ndarray | None = None
+        self.repeats: np.ndarray | None = None
+        self.tmin_u: np.ndarray | None = None
         self.tmin = np.full(nH, _I64.max, np.int64)
         self.tmax = np.full(nH, _I64.min, np.int64)
         self.first_out: dict = {}
@@ -86,9 +88,12 @@ class TallyBuilder:
         self.matched += n
         st = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]  # runs of one launch
         hr = h[st]
-        np.add.at(self.recorded, hr, np.diff(np.r_[st, n]))
-        np.minimum.at(self.tmin_u, hr, np.minimum.reduceat(tt, st))
         ts = tt.view(np.int64) if tt.dtype == np.uint64 else tt.astype(np.int64)
+        if self.tmin_u is None and (tt.dtype != np.uint64 or bool((ts < 0).any())):
+            self.tmin_u = np.where(self.recorded > 0, self.tmin.view(np.uint64), _U64_MAX).astype(np.uint64)
+        np.add.at(self.recorded, hr, np.diff(np.r_[st, n]))
+        if self.tmin_u is not None:
+            np.minimum.at(self.tmin_u, hr, np.minimum.reduceat(tt, st))
         np.minimum.at(self.tmin, hr, np.minimum.reduceat(ts, st))
         np.maximum.at(self.tmax, hr, np.maximum.reduceat(ts, st))
         kh = t.kind[hr]
@@ -102,10 +107,11 @@ class TallyBuilder:
             lin = x + gx * (y + gy * z)
         if not inside.all():
             out = np.flatnonzero(~inside)
+            if self.outside is None:
+                self.outside = np.zeros(len(self.recorded), np.int64)
             np.add.at(self.outside, h[out], 1)
             self._firsts(self.first_out, h[out], out, dev, x, y, z)
             h, lin, dev, x, y, z = h[inside], lin[inside], dev[inside], x[inside], y[inside], z[inside]
-        np.add.at(self.n_inside, *_runs_count(h))
         if self.bits is None:
             self.parts.append((h, lin, dev, x, y, z))
             return
@@ -131,7 +137,13 @@ class TallyBuilder:
         dupe[o] = np.r_[False, ks[1:] == ks[:-1]]
         w, b = key >> 6, np.left_shift(np.uint64(1), (key & 63).astype(np.uint64))
         dupe |= (self.bits[w] & b) != 0
-        d = np.flatnonzero(dupe)
+        self._add_repeats(h, np.flatnonzero(dupe), dev, x, y, z)
+
+    def _add_repeats(self, h, d, dev, x, y, z) -> None:
+        if not len(d):
+            return
+        if self.repeats is None:
+            self.repeats = np.zeros(len(self.recorded), np.int64)
         np.add.at(self.repeats, h[d], 1)
         self._firsts(self.first_dup, h[d], d, dev, x, y, z)
 
@@ -194,10 +206,13 @@ class TallyBuilder:
     def finish(self, n_block_enter: int) -> Tally:
         if self.parts:
             self._repeats_by_sort()
-        distinct = self.n_inside - self.repeats
         rec = self.recorded
-        return Tally(recorded=rec, distinct=distinct, outside=self.outside, dupblk=self.repeats.copy(),
-                     first_ns=np.where(rec > 0, self.tmin_u, 0).astype(np.uint64), tmin=self.tmin, tmax=self.tmax,
+        outside = self.outside if self.outside is not None else np.zeros(len(rec), np.int64)
+        repeats = self.repeats if self.repeats is not None else np.zeros(len(rec), np.int64)
+        distinct = rec - outside - repeats
+        tmin_u = self.tmin_u if self.tmin_u is not None else self.tmin.view(np.uint64)
+        return Tally(recorded=rec, distinct=distinct, outside=outside, dupblk=repeats.copy(), first_ns=np.where(rec > 0, tmin_u, 0).astype(np.uint64), tmin=self.tmin,
+                     tmax=self.tmax,
                      first_out=self.first_out, first_dup=self.first_dup, n=n_block_enter, matched=self.matched,
                      replay_only=self.replay_only, unmatched=self.unmatched, graph_events=self.graph,
                      eager_events=self.eager, loose=self.loose)
@@ -209,16 +224,7 @@ class TallyBuilder:
         hs, ls = h[key_o], lin[key_o]
         dupe = np.zeros(len(h), bool)
         dupe[key_o] = np.r_[False, (hs[1:] == hs[:-1]) & (ls[1:] == ls[:-1])]
-        d = np.flatnonzero(dupe)
-        np.add.at(self.repeats, h[d], 1)
-        self._firsts(self.first_dup, h[d], d, dev, x, y, z)
-
-
-def _runs_count(h: np.ndarray):
-    if not len(h):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    st = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]
-    return h[st], np.diff(np.r_[st, len(h)])
+        self._add_repeats(h, np.flatnonzero(dupe), dev, x, y, z)
 
 
 def tally_match(t: LaunchTable, ev, m) -> Tally:
