@@ -211,8 +211,8 @@ class TallyBuilder:
         repeats = self.repeats if self.repeats is not None else np.zeros(len(rec), np.int64)
         distinct = rec - outside - repeats
         tmin_u = self.tmin_u if self.tmin_u is not None else self.tmin.view(np.uint64)
-        return Tally(recorded=rec, distinct=distinct, outside=outside, dupblk=repeats.copy(), first_ns=np.where(rec > 0, tmin_u, 0).astype(np.uint64), tmin=self.tmin,
-                     tmax=self.tmax,
+        return Tally(recorded=rec, distinct=distinct, outside=outside, dupblk=repeats.copy(),
+                     first_ns=np.where(rec > 0, tmin_u, 0).astype(np.uint64), tmin=self.tmin, tmax=self.tmax,
                      first_out=self.first_out, first_dup=self.first_dup, n=n_block_enter, matched=self.matched,
                      replay_only=self.replay_only, unmatched=self.unmatched, graph_events=self.graph,
                      eager_events=self.eager, loose=self.loose)
