@@ -227,6 +227,7 @@ def test_h200_death_leaves_every_event(case, tmp_path):
     d = dump.scan(path)  # scan: problems collected, not raised or warned
     assert [p.code for p in d.problems] == (["unfinished"] if case in LIVE_ENDS else [])
     assert any(g.live for g in d.groups) == (case in LIVE_ENDS)
+    assert all(g.minor == (1 if g.live else 0) for g in d.groups)  # format 1.1: live groups say minor 1
     assert len(d.records("device_event")) == launched["device_events"] == 160
     assert len(d.records("graph_node")) == launched["graph_node_records"]
     assert len(d.records("eager_launch")) == launched["eager_launches"]
