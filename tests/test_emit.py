@@ -597,7 +597,8 @@ def test_flows_of_interleaved_launches(tmp_path, opts):
 @pytest.mark.parametrize("fmt", ["arrow", "parquet"])
 def test_arrow_host_tables_in_batches(tmp_path, fmt):
     """More host records than one record batch holds (65,536): the graph_node table is written a batch at a time
-    (bounded memory on long runs) and reads back whole and equal, through the CLI, with pyarrow and DuckDB."""
+    (bounded memory on long runs) and reads back whole and equal, through the CLI, with pyarrow (and DuckDB for
+    Parquet)."""
     pa = pytest.importorskip("pyarrow")
     import pyarrow.dataset as ds
 

@@ -497,6 +497,8 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
                         device_drops=d.drops("device_event", context_id=ctx),
                         host_drops=d.drops("graph_node", context_id=ctx) + d.drops("eager_launch", context_id=ctx),
                         meta=meta)
+                if d.size > RELEASE_BYTES:  # the launch table holds copies: the records' pages can go
+                    release_groups(d, ("graph_node", "eager_launch"), ctx)
                 if not len(cs) and c.n_events:
                     warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
                          "times and are not aligned with host records")
@@ -510,6 +512,14 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
             d.close()
         raise
     return dumps, ctxs
+
+
+def release_groups(d, kinds, ctx: int) -> None:
+    """Give the pages of a context's groups of ``kinds`` back (read again from the page cache if asked for)."""
+    for kind in kinds:
+        for g in d.groups_of(kind, context_id=ctx):
+            rs = int(g.header["record_size"])
+            dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)
 
 
 def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
