@@ -37,7 +37,11 @@ def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drop
     recorded, distinct, outside, dupblk = tally.recorded, tally.distinct, tally.outside, tally.dupblk
     exp = np.where(t.dup | t.upload, 0, t.grid)
     in_region = o.in_region if o is not None else np.zeros(t.n, bool)
-    missing = np.where(~in_region & ~t.dup, np.maximum(exp - distinct, 0), 0)
+    missing = exp - distinct
+    np.maximum(missing, 0, out=missing)
+    missing[t.dup] = 0
+    if o is not None:
+        missing[in_region] = 0
     late = o.coverage_late if o is not None else 0
     late_until = -1
     if late:  # launches whose blocks lie (in part) before the first covered block, in host order

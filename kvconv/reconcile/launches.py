@@ -74,8 +74,8 @@ class LaunchTable:
 
     def in_order(self, mask: np.ndarray) -> np.ndarray:
         """Rows where ``mask`` holds, in report order."""
-        o = self.report_order
-        return o[mask[o]]
+        # report_order's rows where mask holds, without building report_order: eager rows, then graph-node rows
+        return np.r_[np.flatnonzero(mask[self.n_gn:]) + self.n_gn, np.flatnonzero(mask[: self.n_gn])].astype(np.int64)
 
     @classmethod
     def load(cls, d, ctx: int) -> "LaunchTable":

@@ -206,12 +206,16 @@ class TallyBuilder:
     def finish(self, n_block_enter: int) -> Tally:
         if self.parts:
             self._repeats_by_sort()
+        self.base = self.bits = None  # the repeat bitmap is done with: its memory goes before the report stages
         rec = self.recorded
+        # never-written zeros cost no memory: the counts of launches without events outside the grid or repeats
         outside = self.outside if self.outside is not None else np.zeros(len(rec), np.int64)
         repeats = self.repeats if self.repeats is not None else np.zeros(len(rec), np.int64)
-        distinct = rec - outside - repeats
+        distinct = rec - outside
+        distinct -= repeats
         tmin_u = self.tmin_u if self.tmin_u is not None else self.tmin.view(np.uint64)
-        return Tally(recorded=rec, distinct=distinct, outside=outside, dupblk=repeats.copy(),
+        dupblk = repeats.copy() if self.repeats is not None else np.zeros(len(rec), np.int64)
+        return Tally(recorded=rec, distinct=distinct, outside=outside, dupblk=dupblk,
                      first_ns=np.where(rec > 0, tmin_u, 0).astype(np.uint64), tmin=self.tmin, tmax=self.tmax,
                      first_out=self.first_out, first_dup=self.first_dup, n=n_block_enter, matched=self.matched,
                      replay_only=self.replay_only, unmatched=self.unmatched, graph_events=self.graph,
