@@ -553,8 +553,7 @@ SKIP_COMMANDS = {"demo", "record"}
 
 
 def commands() -> list[Command]:
-    import click
-    import typer.main
+    import typer.main  # typer >= 0.20 carries its own click (typer._click): tell parameters apart by their type name
 
     from kvconv import cli
 
@@ -563,13 +562,13 @@ def commands() -> list[Command]:
     for name, cmd in sorted(grp.commands.items()):
         if name in SKIP_COMMANDS:
             continue
-        args = [p for p in cmd.params if isinstance(p, click.Argument)]
+        args = [p for p in cmd.params if p.param_type_name == "argument"]
         if not args:
             continue
         a0 = args[0]
         if "dump" not in (a0.name or "").lower() and "DUMP" not in (a0.metavar or ""):
             continue
-        opts = {o: p for p in cmd.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts}
+        opts = {o: p for p in cmd.params if p.param_type_name == "option" for o in p.opts + p.secondary_opts}
         out_opt = "-o" if "-o" in opts else ("--out" if "--out" in opts else ("--output" if "--output" in opts
                                                                             else None))
         out_dir = False

@@ -558,7 +558,7 @@ def canary_steps(d) -> dict:
         c[2].append(s["host_ns"])
         c[3].append([len(s.get(k, ())) for k in CanarySteps.LISTS])
     nl = list(names)
-    return {ctx: CanarySteps(step=np.array(a, np.int64), buffer=np.array(b, np.int64), names=nl,
+    return {ctx: CanarySteps(step=np.array(a, np.uint64), buffer=np.array(b, np.int64), names=nl,
                              host_ns=np.array(h, np.uint64), counts=np.array(n, np.int64).reshape(-1, 4))
             for ctx, (a, b, h, n) in cols.items() if a}
 
