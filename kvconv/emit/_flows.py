@@ -114,7 +114,8 @@ class Flows:
         cnt = self.counts(rows)
         f = self.first[rows]
         dev = f[:, None] + np.arange(K, dtype=np.int64)[None, :]
-        dev[np.arange(K)[None, :] >= cnt[:, None]] = -1
+        if len(cnt) and int(cnt.min()) < K:
+            dev[np.arange(K)[None, :] >= cnt[:, None]] = -1
         x = np.flatnonzero(f == XROW)
         if len(x):
             i = np.searchsorted(self.xrows, rows[x])

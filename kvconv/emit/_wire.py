@@ -453,9 +453,13 @@ def _layout_groups(children: list, n: int):
 
 def encode_batched(fields, n: int, step: int = 1 << 16):
     """The byte buffers of :func:`encode_parts` for ``n`` rows, yielded ``step`` rows at a time: ``fields(idx)`` gives
-    the field list of rows ``idx`` (an increasing index array), ``fields(None)`` the one of all rows, only asked for
+    the field list of rows ``idx`` (an increasing index array, or a slice), ``fields(None)`` the one of all rows, only asked for
     their layouts (:func:`layout_order`). The same bytes as one encoding of all rows; only a batch is held."""
     if not n:
+        return
+    if n <= step:  # one batch: no separate layout pass
+        parts, _ = encode_parts(fields(slice(0, n)), n)
+        yield from parts
         return
     order = layout_order(fields(None), n)
     for a in range(0, n, step):
