@@ -76,3 +76,17 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None =
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def track_paths(trace) -> dict[int, str]:
+    """A Perfetto trace's track uuid -> "root / child / ... / track" from its track descriptors (what the UI nests)."""
+    descs = {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
+
+    def path(u):
+        names = []
+        while u in descs:
+            names.append(descs[u].name)
+            u = descs[u].parent_uuid if descs[u].HasField("parent_uuid") else None
+        return " / ".join(reversed(names))
+
+    return {u: path(u) for u in descs}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, ROOT, load_script, run_cli
+from conftest import FIXTURES, ROOT, load_script, run_cli, track_paths
 from kvconv import dump, layout
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
 from kvconv.emit import _text, _wire
@@ -139,12 +139,8 @@ def test_perfetto_tree_counts_clocks_interning(pair_trace):
     assert sorted(d.name.split(" ±")[0] for d in roots) == ["GPU 0 · ctx 0 · rank0.kvdump",
                                                             "GPU 1 · ctx 0 · rank1.kvdump"]
 
-    def path(u):
-        out = []
-        while u in descs:
-            out.append(descs[u].name)
-            u = descs[u].parent_uuid if descs[u].HasField("parent_uuid") else None
-        return " / ".join(reversed(out))
+    paths = track_paths(tr)
+    path = lambda u: paths.get(u, "")  # noqa: E731
 
     # sequences: first packet clears incremental state, the rest that use interning need it
     by_seq = defaultdict(list)

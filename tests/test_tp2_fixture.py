@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, run_cli, track_paths
 from kvconv import dump, layout, reconcile, skew
 
 CASE = FIXTURES / "h200-tp2"
@@ -100,17 +100,11 @@ def test_merged_perfetto_shows_both_gpus_and_their_nodes(tmp_path):
     roots = sorted(d.name.split(" ±")[0] for d in descs.values() if not d.HasField("parent_uuid"))
     assert roots == ["GPU 0 · ctx 0 · rank0.kvdump", "GPU 1 · ctx 0 · rank1.kvdump"]
 
-    def path(u):
-        names = []
-        while u in descs:
-            names.append(descs[u].name)
-            u = descs[u].parent_uuid if descs[u].HasField("parent_uuid") else None
-        return " / ".join(reversed(names))
-
+    paths = track_paths(tr)
     per_track = defaultdict(Counter)
     for p in tr.packet:
         if p.HasField("track_event"):
-            per_track[path(p.track_event.track_uuid)][p.track_event.type] += 1
+            per_track[paths.get(p.track_event.track_uuid, "")][p.track_event.type] += 1
     for r in ("rank0", "rank1"):
         g = [k for k in per_track if r in k]
         assert sum(per_track[k][3] for k in g if "/ device blocks / SM" in k) == 1760
