@@ -1,9 +1,9 @@
 """Time the canary checker on a synthetic dump of canary records against a numpy pass over the same records.
 
     python bench/bench_canary.py [--records 1048576] [--buffers 4] [--reps 3]
-    git show REV:kvconv/canary.py > /tmp/old_canary.py && python bench/bench_canary.py --module /tmp/old_canary.py
+    git show REV:kvconv/check/canary/ > /tmp/old_canary.py && python bench/bench_canary.py --module /tmp/old_canary.py
 
-The dump is written with kvconv.dump.new: ``--records`` canary records, ``--buffers`` buffers per step, 8 expected
+The dump is written with kvconv.format.dump.new: ``--records`` canary records, ``--buffers`` buffers per step, 8 expected
 pages per record out of 4,096, the changed set equal to it except that every 1,000th record has one page changed
 outside it and every 1,500th one expected page unchanged, and page 0 excluded (the shape of fixtures/canary-*).
 
@@ -11,7 +11,7 @@ The baseline ("a numpy pass over the same records") reads every column the check
 references once: per list, one gather of the referenced pages and one per-record reduction (``np.maximum.reduceat``).
 Timed, in this process: ``canary.check(d)`` (summary and findings; steps are produced lazily) and ``kvconv canary
 DUMP`` as the CLI runs it (summary, flagged steps, findings). ``--module`` times another implementation of
-``kvconv/canary.py`` (e.g. the old per-record loop) on the same dump; a slow one can be run on fewer records.
+``kvconv/check/canary/`` (e.g. the old per-record loop) on the same dump; a slow one can be run on fewer records.
 Goal (issue 13): check <= 20x the numpy pass.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvconv import dump, layout  # noqa: E402
+from kvconv.format import dump, layout  # noqa: E402
 
 LISTS = ("expected", "changed", "excluded")
 NUM_PAGES, PER = 4096, 8
@@ -107,7 +107,7 @@ def numpy_pass(d) -> int:
 
 def load(path: str | None):
     if path is None:
-        from kvconv import canary
+        from kvconv.check import canary
 
         return canary
     spec = importlib.util.spec_from_file_location("kvconv._bench_canary_impl", path)
@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1 << 20)
     ap.add_argument("--buffers", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--module", help="time this file instead of kvconv/canary.py (e.g. an older version)")
+    ap.add_argument("--module", help="time this file instead of kvconv/check/canary/ (e.g. an older version)")
     a = ap.parse_args()
     from _timing import best, quietness  # beside this script (make() alone is also used by tests)
 

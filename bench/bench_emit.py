@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from _timing import best, quietness, timed  # noqa: E402
-from kvconv import dump  # noqa: E402
+from kvconv.format import dump  # noqa: E402
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("make_synthetic", ROOT / "fixtures/synthetic-multi/make_synthetic.py")
@@ -298,10 +298,10 @@ def run(a, scratch: Path) -> None:
         rm(o)
     t0 = time.perf_counter()
     with dump.open(src) as d:
-        from kvconv import reconcile
+        from kvconv.check import reconcile
 
         reconcile.reconcile(d)
-    print(f"(kvconv.reconcile alone, the full report, not used by the emitters on this dump: "
+    print(f"(kvconv.check.reconcile alone, the full report, not used by the emitters on this dump: "
           f"{time.perf_counter() - t0:.3f} s)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if a.rss:

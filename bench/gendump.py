@@ -14,7 +14,7 @@ their host launch callbacks once mapped through the clock-sync pairs (start, eve
 events (``--exits``), canary records for every step (``--canary-buffers``: buffers per step, clean page sets with
 page 0 excluded). It validates and reconciles with no finding (tests/test_gendump.py).
 
-Memory: every group is streamed (:meth:`kvconv.dump.DumpWriter.write_stream`) in chunks of ``STEPS_PER_CHUNK``
+Memory: every group is streamed (:meth:`kvconv.format.dump.DumpWriter.write_stream`) in chunks of ``STEPS_PER_CHUNK``
 steps, each chunk rebuilt from its own seed, so a 10 GiB dump needs the same ~100 MB as a small one.
 Library use: ``gendump.write(path, gendump.GenOptions(size_bytes=1 << 30))`` returns a summary dict.
 """
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kvconv import dump, layout  # noqa: E402
+from kvconv.format import dump, layout  # noqa: E402
 
 EV, HL, CS, KN = (layout.DTYPES[k] for k in ("device_event", "host_launch", "clock_sync", "kernel"))
 CAN, PAGE = layout.DTYPES["canary"], layout.DTYPES["canary_page"]

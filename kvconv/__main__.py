@@ -1,4 +1,4 @@
 """``python -m kvconv``: the same as the ``kvconv`` command."""
-from .cli import main
+from kvconv.cli import main
 
 raise SystemExit(main())

@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .errors import OutputError
+from kvconv.format.errors import OutputError
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 MARKER = ".kvconv-output.json"  # in every output folder: {"tool", "kind", "version", "files"}
@@ -139,7 +139,7 @@ def _files(folder: Path) -> list[str]:
 
 
 def _write_marker(folder: Path, kind: str) -> None:
-    from . import __version__
+    from kvconv import __version__
 
     files = [f for f in _files(folder) if f != MARKER]
     (folder / MARKER).write_text(json.dumps({"tool": "kvconv", "kind": kind, "version": __version__,

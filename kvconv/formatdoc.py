@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from . import layout
+from kvconv.format import layout
 
 INTRO = """# kvconv dump format, version {major}.{minor}
 
@@ -158,7 +158,7 @@ reconciliation error as a warning.
 
 def render_findings() -> str:
     """docs/FINDINGS.md: every code of schemas/codes.json, by area: what it means, what to do."""
-    from . import codes
+    from kvconv.format import codes
 
     out = [FINDINGS_INTRO]
     for area, title in codes.AREAS.items():
@@ -255,7 +255,7 @@ def _arrow_schemas() -> dict:
 
     import pyarrow.dataset as ds
 
-    from .emit import write_arrow
+    from kvconv.emit import write_arrow
 
     root = Path(__file__).resolve().parent.parent / "fixtures"
     with tempfile.TemporaryDirectory() as tmp:

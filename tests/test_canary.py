@@ -1,4 +1,4 @@
-"""The canary checker (kvconv/canary.py), the record writer (kvconv/probe/writer.py) and `kvconv canary`."""
+"""The canary checker (kvconv/check/canary/), the record writer (kvconv/capture/probe/writer.py) and `kvconv canary`."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, run_cli
-from kvconv import canary, dump, layout
-from kvconv.canary import _json
-from kvconv.probe.writer import CanaryRecorder
+from kvconv.check import canary
+from kvconv.format import dump, layout
+from kvconv.check.canary import _json
+from kvconv.capture.probe.writer import CanaryRecorder
 
 SCHEMA = json.loads((ROOT / "schemas" / "canary.schema.json").read_text())
 GEOM = dict(num_pages=64, page_size=64, compression=4)
@@ -99,7 +100,7 @@ def test_recorder_sorts_and_dedups_and_refuses_bad_pages(tmp_path):
     with dump.open(p) as d:
         assert d.records("canary_pages")["page"].tolist() == [2, 5, 2, 5]
         meta = d.metadata()
-    assert meta["tool"] == "kvconv.probe"
+    assert meta["tool"] == "kvconv.capture.probe"
     with pytest.raises(ValueError):
         write(tmp_path / "n.kvdump", [dict(step=0, expected=[1], changed=[]), dict(step=1, expected=[2], changed=[-1])])
     with dump.open(tmp_path / "n.kvdump") as d:  # the step before the refused one is kept, and no part of it
@@ -129,7 +130,7 @@ def test_an_exception_in_the_run_keeps_the_steps_before_it(tmp_path):
 
 
 def test_recorder_needs_an_existing_folder(tmp_path):
-    from kvconv.errors import OutputError
+    from kvconv.format.errors import OutputError
 
     with pytest.raises(OutputError):
         CanaryRecorder(tmp_path / "nope" / "c.kvdump")
@@ -294,7 +295,7 @@ def test_cli_unreadable_input(tmp_path):
 
 
 def test_probe_import_needs_no_torch():
-    code = ("import sys, kvconv.probe, kvconv.canary, kvconv.cli_canary; "
+    code = ("import sys, kvconv.capture.probe, kvconv.check.canary, kvconv.cli.canary; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
@@ -425,7 +426,7 @@ def test_steps_read_like_a_list_after_the_dump_is_closed(tmp_path):
 def test_batches_split_large_groups_and_long_lists(tmp_path):
     """More records than one batch holds, and one record whose list alone is longer than a batch's page budget:
     every record is checked once, in order, and the planted pages are found."""
-    from kvconv.canary import _batch
+    from kvconv.check.canary import _batch
 
     n = _batch.CHUNK + 3
     big = _batch.BUDGET + 10
@@ -453,8 +454,8 @@ def test_batches_split_large_groups_and_long_lists(tmp_path):
     assert [s["record"] for s in res.steps.flagged()] == [7, n - 1] and res.steps[n - 1]["unexpected"] == [1]
 
 
-@pytest.mark.parametrize("mod", ["kvconv.canary", "kvconv.canary._batch", "kvconv.canary._sets",
-                                 "kvconv.canary._text", "kvconv.canary._json"])
+@pytest.mark.parametrize("mod", ["kvconv.check.canary", "kvconv.check.canary._batch", "kvconv.check.canary._sets",
+                                 "kvconv.check.canary._text", "kvconv.check.canary._json"])
 def test_docstring_examples(mod):
     import doctest
     import importlib

@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 from conftest import FIXTURES, ROOT
-from kvconv import canary, dump
+from kvconv.check import canary
+from kvconv.format import dump
 
 CASES = sorted(p.parent.name for p in FIXTURES.glob("canary-*/planted.json"))
 SCHEMA = json.loads((ROOT / "schemas" / "canary.schema.json").read_text())

@@ -1,4 +1,4 @@
-"""kvconv.probe on torch CPU tensors (skipped where torch is not installed, as in CI); the GPU run is
+"""kvconv.capture.probe on torch CPU tensors (skipped where torch is not installed, as in CI); the GPU run is
 tests/test_canary_gpu.py."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvconv import canary, dump  # noqa: E402
-from kvconv.probe import Canary, expected_pages  # noqa: E402
+from kvconv.check import canary
+from kvconv.format import dump  # noqa: E402
+from kvconv.capture.probe import Canary, expected_pages  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float32, getattr(torch, "float8_e4m3fn", torch.uint8)]
 

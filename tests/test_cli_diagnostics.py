@@ -11,7 +11,7 @@ import pytest
 
 import synth
 from conftest import FIXTURES, run_cli
-from kvconv import layout
+from kvconv.format import layout
 
 BAD = FIXTURES / "bad"
 VALID = BAD / "valid-small.kvdump"
@@ -217,7 +217,7 @@ def test_former_spellings_still_work(tmp_path):
 
 
 def test_salvage_is_declared_once():
-    src = (FIXTURES.parent / "kvconv").glob("cli*.py")
+    src = (FIXTURES.parent / "kvconv" / "cli").glob("*.py")
     assert sum(f.read_text().count('"--salvage"') for f in src) == 1
 
 

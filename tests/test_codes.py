@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT
-from kvconv import codes, validate
+from kvconv.format import codes
+from kvconv.check import validate
 
 CODE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 

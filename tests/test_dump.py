@@ -6,8 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from kvconv import dump, layout
-from kvconv.errors import FormatError, SchemaError
+from kvconv.format import dump, layout
+from kvconv.format.errors import FormatError, SchemaError
 
 
 def events(n, start=0):

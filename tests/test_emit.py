@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, ROOT, load_script, run_cli, track_paths
-from kvconv import dump, layout
+from kvconv.format import dump, layout
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
 from kvconv.emit import _text, _wire
 
@@ -267,8 +267,8 @@ JOIN_DUMPS = sorted(p for pat in ("h200-*/*.kvdump", "synthetic-multi/*.kvdump",
 
 @pytest.mark.parametrize("path", JOIN_DUMPS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_exact_join_equals_reconcile(path):
-    """The emitters' vectorised exact join gives kvconv.reconcile's exact-join matches and node ordinals."""
-    from kvconv import reconcile
+    """The emitters' vectorised exact join gives kvconv.check.reconcile's exact-join matches and node ordinals."""
+    from kvconv.check import reconcile
     from kvconv.emit._source import open_contexts
 
     dumps, ctxs = open_contexts([path], EmitOptions(reconcile="never"), lambda m: None)
@@ -316,7 +316,7 @@ def test_emitters_verify_device_event_checksums(tmp_path):
     raw = bytearray(p.read_bytes())
     raw[off + 70] ^= 0x40
     p.write_bytes(raw)
-    from kvconv.errors import FormatError
+    from kvconv.format.errors import FormatError
 
     for f in (write_perfetto, write_chrome, write_arrow):
         with pytest.raises(FormatError) as e:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, load_script
 
-from kvconv import dump
+from kvconv.format import dump
 
 gen = load_script(ROOT / "bench" / "gendump.py")
 

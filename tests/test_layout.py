@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from kvconv import layout
+from kvconv.format import layout
 
 
 def test_generated_header_is_current():
     current = (ROOT / "native/include/kvconv_records.h").read_text()
     assert current == layout.c_header(), (
-        "native/include/kvconv_records.h is stale: run python -m kvconv.layout > native/include/kvconv_records.h")
+        "native/include/kvconv_records.h is stale: run python -m kvconv.format.layout > native/include/kvconv_records.h")
 
 
 def test_cli_regenerates_the_same_header():
-    out = subprocess.run([sys.executable, "-m", "kvconv.layout"], capture_output=True, text=True, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "kvconv.format.layout"], capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout
     assert out == (ROOT / "native/include/kvconv_records.h").read_text()
 

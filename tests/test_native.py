@@ -1,8 +1,8 @@
-"""The native tracer: its dump writer read back by kvconv.dump (CPU, CI), its build, the committed H200 fixtures,
+"""The native tracer: its dump writer read back by kvconv.format.dump (CPU, CI), its build, the committed H200 fixtures,
 and (with a GPU) a real traced run.
 
 CPU tests build native/build/host_dump_test with `make -C native host` (g++ only) and compare every field it writes
-with what kvconv.dump reads, so CI catches any drift between the C++ writer and the Python reader.
+with what kvconv.format.dump reads, so CI catches any drift between the C++ writer and the Python reader.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvconv import dump, layout
+from kvconv.format import dump, layout
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "native"
@@ -104,7 +104,7 @@ def test_host_writer_helpers(host_dump):
 @needs_gxx
 def test_host_writer_validates(host_dump):
     path, _ = host_dump
-    from kvconv.validate import validate
+    from kvconv.check.validate import validate
 
     rep = validate(path)
     # the synthetic dump drops one device event on purpose: that, and nothing structural, is what validate reports
@@ -138,7 +138,7 @@ def test_tracer_library_builds(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- committed H200 runs
 def _reconcile(path, join="auto"):
-    from kvconv import reconcile
+    from kvconv.check import reconcile
 
     with dump.open(path) as d:
         res = reconcile.reconcile(d, options=reconcile.ReconcileOptions(join=join))

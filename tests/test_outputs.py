@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from conftest import FIXTURES, run_cli
-from kvconv import dump
+from kvconv.format import dump
 from kvconv.atomic import MARKER, atomic_output, check_not_input
-from kvconv.errors import OutputError
+from kvconv.format.errors import OutputError
 
 SMALL = FIXTURES / "bad" / "valid-small.kvdump"
 EMITTERS = {"perfetto": "out.pftrace", "chrome": "out.json", "arrow": "tables"}
@@ -120,7 +120,7 @@ def test_never_replaces_a_folder_holding_an_input(tmp_path):
 def test_dump_writer_is_atomic(tmp_path):
     import numpy as np
 
-    from kvconv import layout
+    from kvconv.format import layout
 
     path = tmp_path / "d.kvdump"
     with pytest.raises(RuntimeError):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, load_script
-from kvconv import dump
+from kvconv.format import dump
 
 DUMP = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, load_script
-from kvconv import dump, layout, reconcile
-from kvconv.errors import UsageError
+from kvconv.format import dump, layout
+from kvconv.check import reconcile
+from kvconv.format.errors import UsageError
 
 H, E = layout.DTYPES["host_launch"], layout.DTYPES["device_event"]
 LF, EF = layout.ENUMS["launch_flags"], layout.ENUMS["event_flags"]

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from conftest import run_cli
-from kvconv import layout
+from kvconv.format import layout
 from test_reconcile import QWEN, synth
 
 

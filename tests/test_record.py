@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from kvconv import record
-from kvconv.errors import OutputError, UsageError
+from kvconv.capture import record
+from kvconv.format.errors import OutputError, UsageError
 
 WRITER = r"""
 import os, sys
 import numpy as np
-from kvconv import dump, layout
+from kvconv.format import dump, layout
 out = os.environ["KVCONV_OUTPUT"].replace("%p", str(os.getpid())).replace("%c", "0")
 ev = np.zeros(2, dtype=layout.DTYPES["device_event"])
 ev["sequence"] = [0, 1]; ev["gridid"] = 9; ev["block_x"] = [0, 1]; ev["kernel_slot"] = 1; ev["kind"] = 1
@@ -91,7 +91,7 @@ def test_record_cli(tmp_path, fake_lib):
                 env={"KVCONV_TRACER_LIB": str(fake_lib)})
     assert r.returncode == 0, r.stderr
     assert f"{out}: valid" in r.stdout
-    from kvconv import dump
+    from kvconv.format import dump
 
     with dump.open(out) as d:
         assert d.kernel_names() == {1: "my_kernel"}

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, Result, run_cli
-from kvconv import dump, layout
-from kvconv.errors import FormatError
+from kvconv.format import dump, layout
+from kvconv.format.errors import FormatError
 
 
 def _intact(p) -> bool:

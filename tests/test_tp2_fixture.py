@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, run_cli, track_paths
-from kvconv import dump, layout, reconcile, skew
+from kvconv.format import dump, layout
+from kvconv.check import reconcile, skew
 
 CASE = FIXTURES / "h200-tp2"
 RANKS = [CASE / "rank0.kvdump", CASE / "rank1.kvdump"]

@@ -57,7 +57,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-from kvconv import dump, layout  # noqa: E402
+from kvconv.format import dump, layout  # noqa: E402
 
 HS = layout.HEADER_SIZE
 HDR = layout.LAYOUTS["header"]

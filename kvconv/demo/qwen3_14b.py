@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dump, layout
+from kvconv.format import dump, layout
 
 # --- published figures -------------------------------------------------------------------------------------------
 LAYERS = 40

@@ -11,23 +11,23 @@ imported only by the emitter that needs them.
 
 from __future__ import annotations
 
-from ._source import EmitOptions, EmitResult
+from kvconv.emit._source import EmitOptions, EmitResult
 
 
 def write_perfetto(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
-    from .perfetto import write_perfetto as f
+    from kvconv.emit.perfetto import write_perfetto as f
 
     return f(dumps, out, options=options, warn=warn)
 
 
 def write_chrome(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
-    from .chrome import write_chrome as f
+    from kvconv.emit.chrome import write_chrome as f
 
     return f(dumps, out, options=options, warn=warn)
 
 
 def write_arrow(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
-    from .arrow import write_arrow as f
+    from kvconv.emit.arrow import write_arrow as f
 
     return f(dumps, out, options=options, warn=warn)
 

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dump as dumpmod
-from .. import layout
-from .._workers import worker
-from ..errors import FormatError, UsageError
-from ..reconcile.exact import ExactJoin
-from ..reconcile.launches import LaunchTable
-from ._flows import Flows
+from kvconv.format import dump as dumpmod
+from kvconv.format import layout
+from kvconv._workers import worker
+from kvconv.format.errors import FormatError, UsageError
+from kvconv.check.reconcile.exact import ExactJoin
+from kvconv.check.reconcile.launches import LaunchTable
+from kvconv.emit._flows import Flows
 
 GRAPH_NODE = layout.KINDS["graph_node"].id
 EAGER = layout.KINDS["eager_launch"].id
@@ -50,9 +50,9 @@ class EmitOptions:
       kept when their launch's events are, or, unmatched, when the window mapped through the clock-sync pairs
       holds them).
     replays: keep only graph replays (launch ids) FIRST..LAST, their host records and matched device events.
-    reconcile: "auto" (the vectorised exact (gridid, tag) join, which gives kvconv.reconcile's matches, when every
-      device event carrying a gridid finds its host record; else kvconv.reconcile when the dump has at most
-      reconcile_max_events device events; else the exact join alone), "always" (kvconv.reconcile), "never" (the
+    reconcile: "auto" (the vectorised exact (gridid, tag) join, which gives kvconv.check.reconcile's matches, when every
+      device event carrying a gridid finds its host record; else kvconv.check.reconcile when the dump has at most
+      reconcile_max_events device events; else the exact join alone), "always" (kvconv.check.reconcile), "never" (the
       exact join alone).
     ui_limit_bytes: warn when a Perfetto/Chrome trace is bigger than the Perfetto UI loads comfortably.
     progress: show a progress bar (None: only when stderr is a terminal).
@@ -120,7 +120,7 @@ def parse_range(text: str | None, *, what: str, cast=float):
 # host records
 
 
-# The launch table (kvconv.reconcile.launches.LaunchTable: graph-node rows, then eager launches; one dedup, one node
+# The launch table (kvconv.check.reconcile.launches.LaunchTable: graph-node rows, then eager launches; one dedup, one node
 # order) and its exact join are reconcile's own: one implementation of each, used here and there.
 Host = LaunchTable
 
@@ -440,7 +440,7 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
     a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
 
     Yields ``(res, warn, paths, ctxs, bar)``; the caller writes, then sets ``res.bytes_written``."""
-    from ..atomic import check_output
+    from kvconv.atomic import check_output
 
     res = EmitResult(output=str(out))
     warn = warn or res.warnings.append
@@ -525,12 +525,12 @@ def release_groups(d, kinds, ctx: int) -> None:
 def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
     """Device event -> host record, per dump.
 
-    "auto": the vectorised exact join (:class:`ExactJoin`, the same matches as kvconv.reconcile's exact join) when
+    "auto": the vectorised exact join (:class:`ExactJoin`, the same matches as kvconv.check.reconcile's exact join) when
     every device event that carries a gridid finds its host record; otherwise (no gridids: the ordered join; or
-    unmatched events, which reconcile explains and attributes) kvconv.reconcile's matches, up to
-    ``reconcile_max_events``. "always": kvconv.reconcile. "never": the vectorised exact join only."""
+    unmatched events, which reconcile explains and attributes) kvconv.check.reconcile's matches, up to
+    ``reconcile_max_events``. "always": kvconv.check.reconcile. "never": the vectorised exact join only."""
     try:
-        from .. import reconcile as rec
+        from kvconv.check import reconcile as rec
     except ImportError:  # pragma: no cover - reconcile is part of kvconv
         rec = None
     by_dump: dict[int, list[Ctx]] = {}
@@ -837,7 +837,7 @@ def flow_id(c: Ctx, dev_index) -> np.ndarray:
     return (np.uint64(c.serial + 1) << np.uint64(40)) | np.asarray(dev_index, dtype=np.uint64)
 
 
-from ..progress import Progress, ProgressOptions  # noqa: E402 - the one progress display (kvconv/progress.py)
+from kvconv.progress import Progress, ProgressOptions  # noqa: E402 - the one progress display (kvconv/progress.py)
 
 
 def out_size(path) -> int:

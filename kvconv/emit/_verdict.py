@@ -3,9 +3,9 @@
 - A ``--window`` / ``--replays`` filter that keeps no device event: a warning naming what the dump holds (the
   output is still written: an empty selection is an answer, not an error, as for any filter).
 - A dump whose reconciliation FAILS (what ``kvconv reconcile`` would print): a warning naming the error findings.
-  The join the emitters ran already tells whether that can be: when kvconv.reconcile made the matches its result
+  The join the emitters ran already tells whether that can be: when kvconv.check.reconcile made the matches its result
   says it; after the exact (gridid) join, a launch whose matched block count differs from its grid's block count
-  (the cheap signal: counts from the join's runs, no pass over the events) is handed to kvconv.reconcile for the
+  (the cheap signal: counts from the join's runs, no pass over the events) is handed to kvconv.check.reconcile for the
   verdict, since some such deficits are no failure (coverage that starts late).
 
     >>> warn_empty(ctxs, aggs, options, warn)        # doctest: +SKIP
@@ -18,7 +18,7 @@ from collections import Counter
 
 import numpy as np
 
-from ._source import GRAPH_NODE, EmitOptions
+from kvconv.emit._source import GRAPH_NODE, EmitOptions
 
 
 def warn_empty(ctxs: list, aggs: list, options: EmitOptions, warn) -> None:
@@ -48,7 +48,7 @@ def warn_reconcile(ctxs: list, options: EmitOptions, warn) -> None:
     """Warn, per dump, when kvconv reconcile FAILS on it (see the module docstring for when it is asked)."""
     if options.reconcile == "never":
         return
-    from .. import reconcile as rec
+    from kvconv.check import reconcile as rec
 
     by_dump: dict[int, list] = {}
     for c in ctxs:

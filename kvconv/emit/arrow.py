@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout
-from .._workers import worker
-from ..dump import release_pages
-from ._source import RELEASE_BYTES, SLICE, EmitOptions, EmitResult, emit_run
+from kvconv.format import layout
+from kvconv._workers import worker
+from kvconv.format.dump import release_pages
+from kvconv.emit._source import RELEASE_BYTES, SLICE, EmitOptions, EmitResult, emit_run
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
 #               11.7 at 8192)
@@ -139,8 +139,8 @@ class _Sink:
 
 def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write the tables of the dumps ``paths`` under the folder ``out`` (atomically: a temporary folder renamed)."""
-    from ..atomic import atomic_output
-    from ._verdict import warn_reconcile
+    from kvconv.atomic import atomic_output
+    from kvconv.emit._verdict import warn_reconcile
 
     pa = _pa()
     ext = "parquet" if options.arrow_format == "parquet" else "arrow"
@@ -314,7 +314,7 @@ def _record_batches(d, kind: str, ctx: int):
 
 
 def _match_tables(c) -> list:
-    """Per host row (and one more row for "unmatched"): the matches columns kvconv.reconcile writes."""
+    """Per host row (and one more row for "unmatched"): the matches columns kvconv.check.reconcile writes."""
     h = c.host
     isg = h.kind == layout.KINDS["graph_node"].id
     return [("host_kind", np.append(h.kind, 0).astype(np.uint16)),

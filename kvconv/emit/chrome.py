@@ -18,11 +18,11 @@ import json
 
 import numpy as np
 
-from .. import layout
-from . import _text as t
-from ._source import (SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id,
+from kvconv.format import layout
+from kvconv.emit import _text as t
+from kvconv.emit._source import (SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id,
                       release_join)
-from .perfetto import CanarySteps, _Plan, _short, canaries
+from kvconv.emit.perfetto import CanarySteps, _Plan, _short, canaries
 
 EST_EVENT_BYTES = 130
 BLOCK_EXIT = layout.ENUMS["event_kind"]["block_exit"]
@@ -230,8 +230,8 @@ class _Chrome:
 
 def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write a Chrome JSON trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
-    from ..atomic import atomic_output
-    from ._verdict import warn_empty, warn_reconcile
+    from kvconv.atomic import atomic_output
+    from kvconv.emit._verdict import warn_empty, warn_reconcile
 
     with emit_run(paths, out, options, warn, "chrome", passes=2) as (res, warn, paths, ctxs, bar):
         aggs = [first_pass(c, options, bar) for c in ctxs]

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import OutputError
-from . import _wire as w
-from ._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
+from kvconv.format.errors import OutputError
+from kvconv.emit import _wire as w
+from kvconv.emit._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
                       first_pass, flow_id, release_join, unique_pairs)
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
@@ -521,7 +521,7 @@ class _Plan:
 @dataclass(frozen=True)
 class CanarySteps:
     """The checked (step, buffer) records of one context, as the traces show them: step, buffer name, host time and
-    the page counts of :attr:`LISTS` (a few numbers per record, not the page lists :func:`kvconv.canary.check`'s
+    the page counts of :attr:`LISTS` (a few numbers per record, not the page lists :func:`kvconv.check.canary.check`'s
     step dicts carry)."""
 
     LISTS = ("expected", "changed", "unexpected", "missing")
@@ -545,7 +545,7 @@ def canary_steps(d) -> dict:
     dicts are read a batch at a time and only their counts kept)."""
     if not d.groups_of("canary"):
         return {}
-    from .. import canary
+    from kvconv.check import canary
 
     cols: dict = {}
     names: dict = {}
@@ -578,8 +578,8 @@ def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
 
 def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write a Perfetto trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
-    from ..atomic import atomic_output
-    from ._verdict import warn_empty, warn_reconcile
+    from kvconv.atomic import atomic_output
+    from kvconv.emit._verdict import warn_empty, warn_reconcile
 
     with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
         pb = _pb()

@@ -1,0 +1,308 @@
+"""Tracer cost on decode graphs shaped like an engine's, beside the floor and torch.profiler (needs a GPU; issue 15).
+
+    python3 bench/gpu_tracer_cost.py --out cost.json --before-lib OLD.so      # orchestrates the processes below
+    python3 bench/gpu_tracer_cost.py --inner --works engine-small light       # one process, prints one JSON line
+
+Works (each captured as one CUDA graph and replayed; the same process replays all works, interleaved):
+  light         native/workloads/kv_decode.py 'light': 40 layers, one 5120x5120 matmul + K/V projection + the CuPy
+                reshape_and_cache_flash_kernel KV write per layer (~4 kernel nodes a layer)
+  qwen14b       kv_decode.py 'qwen14b': Qwen3-14B decode-layer matmuls (qkv 5120x7168, o 5120x5120,
+                gate_up 5120x34816, down 17408x5120) + the same KV write
+  engine-small  an engine's decode step, 40 layers x ~25 small kernels (RMSNorm, q/k norms, rotary, GQA attention over
+                256 cached tokens, SiLU-gated MLP, residuals) with hidden 1024; one KV write per layer is PyTorch's
+                index_copy_ (kernel index_copy_kernel_impl): ~1,000 kernel nodes, 40 of them traced
+  engine-qwen   the same graph with Qwen3-14B-sized projections (hidden 5120, 40 q / 8 kv heads, MLP 17408)
+
+Process configs (--configs): untraced; before (--before-lib, its defaults); after (this build, defaults);
+floor (this build, KVCONV_CALLBACKS=none: the Compute Sanitizer injection, subscribed, no callback, no patch);
+profiler (untraced + torch.profiler with CUDA activity, i.e. CUPTI kernel records, around the timed loop).
+Rounds run the configs in alternating order (ABCDE, EDCBA, ...). Per replay: GPU time between CUDA events
+(median of --iters), host time of replay(). Added = config / untraced - 1 (same round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "native" / "workloads"))
+
+KERNELS = "reshape_and_cache_flash_kernel,index_copy_kernel_impl"
+WORKS = ["light", "qwen14b", "engine-small", "engine-qwen"]
+TARGETS_PER_REPLAY = {"light": 40, "qwen14b": 40, "engine-small": 40, "engine-qwen": 40}
+
+
+class Engine:
+    """A decode step shaped like vLLM's for a Qwen3-style model, ~25 kernels a layer: norm, qkv projection, q/k norm,
+    rotary embedding, KV write with index_copy_, GQA attention over a static context, o projection, residual, norm,
+    SiLU-gated MLP, residual. Plain PyTorch ops; the norms are F.layer_norm (one fused kernel each, as an engine's
+    fused RMSNorm is)."""
+
+    def __init__(self, torch, *, H, q_heads, kv_heads, inter, layers, ctx=256, weights=None):
+        self.torch, self.H, self.qh, self.kvh, self.d, self.ctx = torch, H, q_heads, kv_heads, 128, ctx
+        dev, dt = "cuda", torch.bfloat16
+        g = torch.Generator(device=dev).manual_seed(99)
+        n_q, n_kv = q_heads * 128, kv_heads * 128
+        self.n_q, self.n_kv = n_q, n_kv
+
+        def w(r, c):
+            return (torch.randn(r, c, device=dev, dtype=dt, generator=g) * (1.0 / r ** 0.5)).contiguous()
+
+        self.layers = []
+        for i in range(layers):
+            if weights is not None:  # Qwen3-14B-sized: share kv_decode's qwen14b matrices (same shapes)
+                L = {k: weights[i][k] for k in ("qkv", "o", "gu", "d")}
+            else:
+                L = {"qkv": w(H, n_q + 2 * n_kv), "o": w(n_q, H), "gu": w(H, 2 * inter), "d": w(inter, H)}
+            L["ln1"] = torch.ones(H, device=dev, dtype=dt)
+            L["ln2"] = torch.ones(H, device=dev, dtype=dt)
+            L["qkn"] = torch.ones(128, device=dev, dtype=dt)
+            L["cache"] = torch.zeros(1024, 2 * n_kv, device=dev, dtype=dt)
+            self.layers.append(L)
+        ang = 7.0 * torch.pow(10000.0, -torch.arange(64, device=dev, dtype=torch.float32) / 64)
+        self.cos = torch.cat((ang.cos(), ang.cos())).to(dt)
+        self.sin = torch.cat((ang.sin(), ang.sin())).to(dt)
+
+    def layer(self, L, h, slot):
+        torch, F, qh, kvh, d = self.torch, self.torch.nn.functional, self.qh, self.kvh, self.d
+        x = F.layer_norm(h, (self.H,), L["ln1"], None, 1e-6)
+        qkv = x @ L["qkv"]
+        qk = F.layer_norm(qkv[:, :self.n_q + self.n_kv].view(qh + kvh, d), (d,), L["qkn"], None, 1e-6)
+        qk = qk * self.cos + torch.cat((-qk[:, 64:], qk[:, :64]), dim=-1) * self.sin  # rotary
+        q, k = qk[:qh], qk[qh:]
+        v = qkv[:, self.n_q + self.n_kv:]
+        L["cache"].index_copy_(0, slot, torch.cat((k.reshape(1, -1), v), dim=-1))  # the KV write (traced)
+        kv = L["cache"][:self.ctx].view(self.ctx, 2, kvh, d)
+        kc, vc = kv[:, 0].permute(1, 2, 0), kv[:, 1].permute(1, 0, 2)  # [kvh, d, ctx], [kvh, ctx, d]
+        s = torch.bmm(q.reshape(kvh, qh // kvh, d), kc) * (d ** -0.5)
+        a = torch.bmm(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), vc).reshape(1, self.n_q)
+        h = h + a @ L["o"]
+        x = F.layer_norm(h, (self.H,), L["ln2"], None, 1e-6)
+        gate, up = (x @ L["gu"]).chunk(2, dim=-1)
+        return h + (F.silu(gate) * up) @ L["d"]
+
+    def forward(self, h, slot):
+        for L in self.layers:
+            h = self.layer(L, h, slot)
+        return h
+
+
+def build(torch, work, layers):
+    """(forward(x, slot), hidden): the work's model, its eager warm-up done (kernels loaded, targets launched once)."""
+    import kv_decode as kvd
+
+    if work in ("light", "qwen14b"):
+        ns = argparse.Namespace(layers=layers, prefill=8, replays=1, streams=1, work=work, kv_heads=8, head_dim=128,
+                                block_size=16, num_blocks=8)
+        m = kvd.Model(ns, kvd.KvKernel("reshape_and_cache_flash_kernel", kvd.KV_SRC))
+        return m, m.H
+    if work == "engine-small":
+        return Engine(torch, H=1024, q_heads=8, kv_heads=2, inter=2048, layers=layers), 1024
+    qw = build.cache.get("qwen14b")
+    weights = qw.layers if qw is not None else None
+    return Engine(torch, H=5120, q_heads=40, kv_heads=8, inter=17408, layers=layers, weights=weights), 5120
+
+
+build.cache = {}
+
+
+def capture(torch, works, layers):
+    graphs = {}
+    for work in works:
+        m, H = build(torch, work, layers)
+        build.cache[work] = m
+        x = torch.randn(8 if work in ("light", "qwen14b") else 1, H, device="cuda", dtype=torch.bfloat16)
+        slots = torch.arange(x.shape[0], device="cuda", dtype=torch.int64)
+        m.forward(x, slots)  # eager warm-up: kernels loaded, modules patched, target launched eagerly once
+        torch.cuda.synchronize()
+        tok = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
+        slot = torch.full((1,), 9, device="cuda", dtype=torch.int64)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            m.forward(tok, slot)
+        graphs[work] = g
+    torch.cuda.synchronize()
+    return graphs
+
+
+def kernels_per_replay(torch, graphs, reps=3):
+    """Kernel nodes per replay, counted by torch.profiler (CUPTI) over a few replays outside the timed loop."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for work, g in graphs.items():
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(reps):
+                g.replay()
+            torch.cuda.synchronize()
+        n = sum(1 for e in p.events() if e.device_type.name == "CUDA")
+        out[work] = round(n / reps)
+    return out
+
+
+def timed_loop(torch, graphs, iters, warmup):
+    gpu = {k: [] for k in graphs}
+    host = {k: [] for k in graphs}
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    names = list(graphs)
+    for i in range(warmup + iters):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:  # rotate which work goes first
+            torch.cuda.synchronize()
+            e0.record()
+            t0 = time.perf_counter()
+            graphs[name].replay()
+            t1 = time.perf_counter()
+            e1.record()
+            e1.synchronize()
+            if i >= warmup:
+                gpu[name].append(e0.elapsed_time(e1))
+                host[name].append((t1 - t0) * 1e6)
+    return gpu, host
+
+
+def q(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
+
+
+def inner(args) -> dict:
+    import torch
+
+    t0 = time.perf_counter()
+    graphs = capture(torch, args.works, args.layers)
+    t_setup = time.perf_counter() - t0
+    if args.profiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]):
+            gpu, host = timed_loop(torch, graphs, args.iters, args.warmup)
+    else:
+        gpu, host = timed_loop(torch, graphs, args.iters, args.warmup)
+    out = {"iters": args.iters, "layers": args.layers, "setup_s": round(t_setup, 2),
+           "traced": bool(os.environ.get("CUDA_INJECTION64_PATH")), "profiler": args.profiler, "works": {}}
+    for w in graphs:
+        out["works"][w] = {"gpu_ms_median": statistics.median(gpu[w]), "gpu_ms_p10": q(gpu[w], 0.1),
+                           "gpu_ms_p90": q(gpu[w], 0.9), "host_replay_us_median": statistics.median(host[w])}
+    if args.count_kernels:
+        for w, n in kernels_per_replay(torch, graphs).items():
+            out["works"][w]["kernel_nodes"] = n
+    return out
+
+
+def config_env(cfg, args):
+    env = dict(os.environ)
+    for k in [k for k in env if k.startswith("KVCONV_") or k == "CUDA_INJECTION64_PATH"]:
+        env.pop(k)
+    extra = []
+    if cfg in ("before", "after", "floor", "after-nopatch"):
+        lib = args.before_lib if cfg == "before" else args.lib
+        env["CUDA_INJECTION64_PATH"] = str(Path(lib).resolve())
+        env["KVCONV_KERNELS"] = KERNELS if cfg != "after-nopatch" else "kvconv_no_such_kernel"
+        env["KVCONV_OUTPUT"] = str(Path(args.dump_dir) / f"cost-{cfg}-%p.kvdump")
+        if cfg == "before" and args.before_patch:
+            env["KVCONV_PATCH_FILE"] = str(Path(args.before_patch).resolve())
+        if cfg == "floor":
+            env["KVCONV_CALLBACKS"] = "none"
+    if cfg == "profiler":
+        extra.append("--profiler")
+    if cfg == "untraced":
+        extra.append("--count-kernels")
+    return env, extra
+
+
+def summarize(rounds, configs):
+    """Per work and config: medians pooled over rounds, added vs the same round's untraced, per node costs."""
+    table = {}
+    for w in WORKS:
+        base = [r["untraced"]["works"][w] for r in rounds if r.get("untraced") and w in r["untraced"]["works"]]
+        if not base:
+            continue
+        nodes = base[0].get("kernel_nodes")
+        rows = {}
+        for cfg in configs:
+            adds, host, gpu = [], [], []
+            for r in rounds:
+                x, b = r.get(cfg), r.get("untraced")
+                if not x or not b or w not in x["works"]:
+                    continue
+                adds.append(x["works"][w]["gpu_ms_median"] / b["works"][w]["gpu_ms_median"] - 1)
+                gpu.append(x["works"][w]["gpu_ms_median"])
+                host.append(x["works"][w]["host_replay_us_median"])
+            if not adds:
+                continue
+            add_us = statistics.mean(gpu) * 1e3 - statistics.mean(b_["gpu_ms_median"] for b_ in base) * 1e3
+            rows[cfg] = {"gpu_ms": statistics.mean(gpu), "added": statistics.mean(adds),
+                         "added_per_round": adds, "host_replay_us": statistics.mean(host),
+                         "added_us_per_graph_node": add_us / nodes if nodes else None,
+                         "added_us_per_traced_node": add_us / TARGETS_PER_REPLAY[w]}
+        table[w] = {"kernel_nodes": nodes, "traced_nodes": TARGETS_PER_REPLAY[w], "configs": rows}
+    return table
+
+
+def outer(args) -> int:
+    rounds = []
+    for rnd in range(args.rounds):
+        order = args.configs if rnd % 2 == 0 else list(reversed(args.configs))
+        res = {}
+        for cfg in order:
+            env, extra = config_env(cfg, args)
+            cmd = [sys.executable, __file__, "--inner", "--iters", str(args.iters), "--warmup", str(args.warmup),
+                   "--layers", str(args.layers), "--works", *args.works, *extra]
+            t = time.perf_counter()
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            print(f"# round {rnd + 1} {cfg}: exit {p.returncode} in {time.perf_counter() - t:.1f} s", flush=True)
+            sys.stderr.write("".join(ln + "\n" for ln in p.stderr.splitlines() if "kvconv-tracer" in ln
+                                     or "Error" in ln or "error" in ln)[-3000:])
+            res[cfg] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
+        rounds.append(res)
+    table = summarize(rounds, args.configs)
+    print(f"{'work':13} {'nodes':>5} {'config':14} {'gpu ms':>8} {'added':>8} {'rounds':>16} {'host us':>8} "
+          f"{'us/node':>8} {'us/traced':>9}")
+    for w, t in table.items():
+        for cfg, o in t["configs"].items():
+            per = " ".join(f"{a * 100:+.1f}" for a in o["added_per_round"])
+            pn = o["added_us_per_graph_node"]
+            print(f"{w:13} {t['kernel_nodes'] or 0:5d} {cfg:14} {o['gpu_ms']:8.4f} {o['added'] * 100:+7.2f}% "
+                  f"{per:>16} {o['host_replay_us']:8.0f} {(pn if pn is not None else float('nan')):8.3f} "
+                  f"{o['added_us_per_traced_node']:9.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"argv": sys.argv, "rounds": rounds, "table": table}, indent=1,
+                                             sort_keys=True) + "\n")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--inner", action="store_true")
+    ap.add_argument("--works", nargs="+", default=WORKS, choices=WORKS)
+    ap.add_argument("--configs", nargs="+", default=["untraced", "before", "after", "floor", "profiler"],
+                    choices=["untraced", "before", "after", "floor", "profiler", "after-nopatch"])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--lib", default=str(ROOT / "native" / "build" / "libkvconv_tracer.so"))
+    ap.add_argument("--before-lib", default=None)
+    ap.add_argument("--before-patch", default=None, help="KVCONV_PATCH_FILE for the before library")
+    ap.add_argument("--dump-dir", default="/tmp")
+    ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--profiler", action="store_true")
+    ap.add_argument("--count-kernels", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args), sort_keys=True), flush=True)
+        return 0
+    return outer(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

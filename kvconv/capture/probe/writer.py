@@ -1,0 +1,119 @@
+"""Canary records into a dump, with no torch: :class:`CanaryRecorder` collects per (step, buffer) page sets and writes
+them through :func:`kvconv.format.dump.new` (metadata, strings, canary, canary_pages groups of one context) on close.
+
+    >>> import tempfile, os
+    >>> from kvconv.format import dump
+    >>> from kvconv.capture.probe.writer import CanaryRecorder
+    >>> path = os.path.join(tempfile.mkdtemp(), "c.kvdump")
+    >>> with CanaryRecorder(path, metadata={"producer": "doctest"}) as rec:
+    ...     rec.add(step=0, buffer_id=0, name="index_k", num_pages=8, page_size=64, compression=4,
+    ...             expected=[2, 1], changed=[1, 2], excluded=[0])
+    >>> with dump.open(path) as d:
+    ...     [g.kind_name for g in d.groups], d.records("canary_pages")["page"].tolist()
+    (['metadata', 'strings', 'canary', 'canary_pages'], [1, 2, 1, 2, 0])
+
+Page sets are stored sorted and unique (the recorder sorts what it is given). Nothing appears at ``path`` until
+:meth:`CanaryRecorder.close`. An exception inside ``with`` (a CUDA error in the traced step, say) still writes the
+records made before it, with the run metadata's ``outcome`` saying how the run ended, which ``kvconv canary``
+reports; then the exception goes on. A process killed outright leaves no file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from kvconv import __version__
+from kvconv.format import dump, layout
+
+FLAGS = layout.ENUMS["canary_flags"]
+SNAPSHOT_FLAGS = {"clone": FLAGS["snapshot_clone"], "checksum": FLAGS["snapshot_checksum"]}
+
+
+def _pages(x) -> np.ndarray:
+    if isinstance(x, (set, frozenset, dict)) or not hasattr(x, "__len__"):
+        x = sorted(x)
+    a = np.unique(np.asarray(x, dtype=np.int64).reshape(-1))
+    if len(a) and (a[0] < 0 or a[-1] > 0xFFFFFFFF):
+        raise ValueError("canary pages must lie in 0..2**32-1")
+    return a.astype("<u4")
+
+
+class CanaryRecorder:
+    """Collects canary records for one context and writes them as one dump on :meth:`close`."""
+
+    def __init__(self, path: str | os.PathLike, *, context_id: int = 0, device_id: int = 0,
+                 metadata: dict | None = None) -> None:
+        self.path = str(path)
+        self.context_id = context_id
+        self.device_id = device_id
+        self.metadata = {"tool": "kvconv.capture.probe", "tool_version": __version__, **(metadata or {})}
+        self._strings = dump.StringTable()
+        self._records: list[np.ndarray] = []
+        self._pages: list[np.ndarray] = []
+        self._npages = 0
+        self._closed = False
+        # Fail now, not after a long run, if the output folder is missing.
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(parent):
+            from kvconv.format.errors import OutputError
+
+            raise OutputError("output folder does not exist", path=self.path, hint=f"create {parent} first",
+                              code="output-dir-missing")
+
+    def __enter__(self) -> "CanaryRecorder":
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        if et is None:
+            self.close()
+            return
+        text = f"{et.__name__}: {ev}"
+        last = int(self._records[-1]["step"][0]) if self._records else None
+        self.metadata["outcome"] = {"ended_by": "exception", "exception": text[:1000], "last_step": last}
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the caller's exception is the one to see
+            self._closed = True
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, *, step: int, buffer_id: int, name: str, num_pages: int, page_size: int, compression: int,
+            expected, changed, excluded=(), host_ns: int | None = None, snapshot: str = "clone") -> None:
+        """Append one (step, buffer) record. ``expected``/``changed``/``excluded`` are page numbers (any order)."""
+        if self._closed:
+            raise RuntimeError("CanaryRecorder is closed")
+        r = np.zeros(1, dtype=layout.DTYPES["canary"])
+        r["step"] = step
+        r["host_ns"] = time.monotonic_ns() if host_ns is None else host_ns
+        r["buffer_id"] = buffer_id
+        r["name_off"], r["name_len"] = self._strings.add(name)
+        r["num_pages"] = num_pages
+        r["page_size"] = page_size
+        r["compression"] = compression
+        r["flags"] = SNAPSHOT_FLAGS[snapshot]
+        lists = [(lst, _pages(pages)) for lst, pages in (("expected", expected), ("changed", changed),
+                                                          ("excluded", excluded))]  # all checked before any is kept
+        for lst, a in lists:
+            r[f"{lst}_first"] = self._npages
+            r[f"{lst}_count"] = len(a)
+            self._pages.append(a)
+            self._npages += len(a)
+        self._records.append(r)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        recs = np.concatenate(self._records) if self._records else np.zeros(0, dtype=layout.DTYPES["canary"])
+        pages = np.zeros(self._npages, dtype=layout.DTYPES["canary_page"])
+        if self._pages:
+            pages["page"] = np.concatenate(self._pages)
+        with dump.new(self.path, context_id=self.context_id, device_id=self.device_id) as w:
+            w.write_metadata(self.metadata)
+            w.write_strings(self._strings)
+            w.write_records("canary", recs)
+            w.write_records("canary_pages", pages)

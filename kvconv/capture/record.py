@@ -1,0 +1,250 @@
+"""Run a command under the native tracer (``native/``) and check what it wrote.
+
+    >>> from kvconv.capture.record import RecordOptions, tracer_env
+    >>> env = tracer_env(RecordOptions(kernels=("reshape_and_cache_flash_kernel",), output="run.kvdump"),
+    ...                  lib="/x/libkvconv_tracer.so")
+    >>> env["CUDA_INJECTION64_PATH"], env["KVCONV_KERNELS"], env["KVCONV_OUTPUT"]
+    ('/x/libkvconv_tracer.so', 'reshape_and_cache_flash_kernel', 'run.kvdump')
+
+:func:`find_library` finds ``$KVCONV_TRACER_LIB`` (a prebuilt ``libkvconv_tracer.so``, its two fatbins beside it) or
+``native/build/libkvconv_tracer.so`` of a source checkout, built with ``make -C native tracer`` when missing (an
+installed wheel has no ``native/``: the error says how to build it); :func:`record` sets the environment, runs the command, finds the
+dump(s) it wrote (``%p``/``%c`` in the output expand to pid and context) and validates each one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvconv.format.errors import KvconvError, OutputError, UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE = ROOT / "native"
+LIB_NAME = "libkvconv_tracer.so"
+DEFAULT_KERNELS = ("reshape_and_cache_flash_kernel",)
+EVENT_KINDS = ("enter", "exit")
+
+
+class TracerError(KvconvError):
+    """The tracer library cannot be found or built."""
+
+    code = "tracer-missing"
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    """kernels: substrings of target kernel names (mangled or demangled). output: dump path (%p pid, %c context).
+    device_capacity / host_capacity: records per context (None = tracer defaults 1,048,576 / 65,536).
+    events: subset of ("enter", "exit"). clock_sync_ms: period of clock-sync pairs (None = 1000, 0 = start/end).
+    build: build the library when missing. validate: validate every dump written. verbose: tracer log level."""
+
+    kernels: tuple[str, ...] = DEFAULT_KERNELS
+    output: str = "kvconv-%p.kvdump"
+    device_capacity: int | None = None
+    host_capacity: int | None = None
+    events: tuple[str, ...] = ("enter",)
+    clock_sync_ms: int | None = None
+    build: bool = True
+    validate: bool = True
+    verbose: int = 0
+    force: bool = False  # replace an existing dump at a literal output path (one without %p / %c)
+
+    def __post_init__(self) -> None:
+        if not self.kernels or any(not k or "," in k for k in self.kernels):
+            raise UsageError("--kernel patterns must be non-empty and hold no comma", code="bad-kernel")
+        bad = [e for e in self.events if e not in EVENT_KINDS]
+        if bad or not self.events:
+            raise UsageError(f"--events must be a subset of {', '.join(EVENT_KINDS)}, not {','.join(bad)!r}",
+                             code="bad-events")
+        for name in ("device_capacity", "host_capacity", "clock_sync_ms"):
+            v = getattr(self, name)
+            if v is not None and v < (0 if name == "clock_sync_ms" else 1):
+                raise UsageError(f"{name.replace('_', '-')} must be positive, not {v}", code="bad-option")
+
+
+@dataclass
+class RecordResult:
+    returncode: int
+    dumps: list[str] = field(default_factory=list)
+    reports: list = field(default_factory=list)  # kvconv.check.validate.Report per dump (when validated)
+
+    @property
+    def valid(self) -> bool:
+        return all(r.valid for r in self.reports)
+
+
+ENV_LIB = "KVCONV_TRACER_LIB"  # a prebuilt libkvconv_tracer.so (its fatbins beside it)
+# What the library loads from its own folder unless the variable names it. Without the patch the tracer runs with
+# tracing off (checked here); without the clock-sync kernel it records no clock-sync pairs (the tracer warns).
+PATCH = ("kvconv_patch.fatbin", "KVCONV_PATCH_FILE")
+BUILD_HOWTO = (f"in a kvconv source checkout run: make -C native tracer (needs g++, nvcc 13 and pip install "
+               f"'nvidia-cuda-sanitizer-api==13.0.*' 'nvidia-cuda-runtime==13.0.*'); it writes native/build/{LIB_NAME} "
+               f"with kvconv_patch.fatbin and kvconv_clocksync.fatbin beside it; then "
+               f"export {ENV_LIB}=/path/to/native/build/{LIB_NAME}")
+
+
+def find_library(*, build: bool = True) -> Path:
+    """The tracer library: ``$KVCONV_TRACER_LIB`` (a prebuilt one), else ``native/build/`` of the source checkout
+    kvconv runs from, built there with make when missing. An installed wheel has no ``native/``: the error says how
+    to build the library and point ``KVCONV_TRACER_LIB`` at it."""
+    env = os.environ.get(ENV_LIB)
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_file():
+            raise TracerError(f"{ENV_LIB} names no file", path=env, hint=f"unset it, or {BUILD_HOWTO}")
+        _check_companions(p.resolve())
+        return p.resolve()
+    lib = NATIVE / "build" / LIB_NAME
+    if lib.is_file() and (lib.parent / PATCH[0]).is_file():
+        return lib
+    if not (NATIVE / "Makefile").is_file():
+        raise TracerError(f"no tracer library: this kvconv is installed without native/ and {ENV_LIB} is not set",
+                          hint=BUILD_HOWTO)
+    if not build:
+        raise TracerError("the tracer is not built", path=str(lib),
+                          hint=f"run: make -C {NATIVE} tracer (or set {ENV_LIB} to a prebuilt {LIB_NAME})")
+    if shutil.which("make") is None:
+        raise TracerError("cannot build the tracer: no make on PATH", path=str(NATIVE),
+                          hint=f"install make and run: make -C {NATIVE} tracer, or set {ENV_LIB} to a prebuilt "
+                               f"{LIB_NAME}")
+    p = subprocess.run(["make", "-C", str(NATIVE), "tracer"], capture_output=True, text=True)
+    if p.returncode != 0 or not lib.is_file():
+        tail = (p.stdout + p.stderr).strip().splitlines()[-1:] or ["?"]
+        raise TracerError(f"building the tracer failed: {tail[0]}", path=str(NATIVE),
+                          hint="needs g++, nvcc 13 and nvidia-cuda-sanitizer-api; see docs/TRACER.md")
+    return lib
+
+
+def _check_companions(lib: Path) -> None:
+    """The device patch the library loads from its own folder (unless KVCONV_PATCH_FILE names it): without it the
+    tracer would run the command with tracing off, so refuse before running anything."""
+    name, var = PATCH
+    named = os.environ.get(var)
+    where = Path(named).expanduser() if named else lib.parent / name
+    if not where.is_file():
+        raise TracerError(f"{name} is not beside {ENV_LIB}" if not named else f"{var} names no file",
+                          path=str(where), hint=f"copy native/build/{name} next to {lib.name}, or set {var}")
+
+
+def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | None = None) -> dict:
+    """The environment that runs a command under the tracer."""
+    env = dict(os.environ if base is None else base)
+    env["CUDA_INJECTION64_PATH"] = str(lib)
+    env["KVCONV_KERNELS"] = ",".join(options.kernels)
+    env["KVCONV_OUTPUT"] = str(options.output)
+    env["KVCONV_EVENTS"] = ",".join(options.events)
+    if options.device_capacity is not None:
+        env["KVCONV_DEVICE_CAPACITY"] = str(options.device_capacity)
+    if options.host_capacity is not None:
+        env["KVCONV_HOST_CAPACITY"] = str(options.host_capacity)
+    if options.clock_sync_ms is not None:
+        env["KVCONV_CLOCK_SYNC_MS"] = str(options.clock_sync_ms)
+    if options.verbose:
+        env["KVCONV_VERBOSE"] = str(options.verbose)
+    return env
+
+
+def output_glob(output: str) -> str:
+    """The glob that finds every file an output pattern can produce."""
+    out, i = [], 0
+    while i < len(output):
+        if output[i] == "%" and i + 1 < len(output) and output[i + 1] in "pc%":
+            out.append("*" if output[i + 1] != "%" else "%")
+            i += 2
+        else:
+            out.append(glob.escape(output[i]))
+            i += 1
+    return "".join(out)
+
+
+def check_output(output: str, *, force: bool = False) -> None:
+    """Refuse, before anything runs, an output whose folder is missing or not writable, and an existing file at a
+    literal path (no %p / %c) unless ``force``: the tracer would replace it (atomic.check_output's rule)."""
+    if output_glob(output) == glob.escape(output):
+        from kvconv.atomic import check_output as check_file
+
+        check_file(output, kind="kvdump", force=force)
+    folder = Path(output).expanduser().parent
+    if not folder.is_dir():
+        raise OutputError("output folder does not exist", path=str(folder), code="output-folder",
+                          hint="create it or choose another -o")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError("output folder is not writable", path=str(folder), code="output-folder",
+                          hint="choose another -o")
+    if Path(output).is_dir():
+        raise OutputError("output is a folder", path=output, code="output-folder", hint="name a file")
+
+
+def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> RecordResult:
+    """Run ``cmd`` under the tracer; return its exit code, the dumps it wrote and their validation reports."""
+    if not cmd:
+        raise UsageError("no command to run (kvconv record [options] -- cmd args...)", code="no-command")
+    check_output(options.output, force=options.force)
+    lib = find_library(build=options.build)
+    env = tracer_env(options, lib=lib)
+    pattern = output_glob(options.output)
+    before = {p: os.stat(p).st_mtime_ns for p in glob.glob(pattern)}
+    start = time.time_ns()
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {cmd[0]}", code="no-command") from None
+    except PermissionError:
+        raise UsageError(f"command not executable: {cmd[0]}", code="no-command") from None
+    # Ctrl-C / SIGTERM go to the traced command (which writes its dump); we wait for it.
+    old = {s: signal.signal(s, lambda signum, frame, p=proc: p.send_signal(signum))
+           for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    dumps = sorted(p for p in glob.glob(pattern)
+                   if ".tmp." not in p and (p not in before or os.stat(p).st_mtime_ns != before[p])
+                   and os.stat(p).st_mtime_ns >= start - 2_000_000_000)
+    res = RecordResult(returncode=rc, dumps=dumps)
+    if options.validate:
+        for p in dumps:
+            res.reports.append(validate_dump(p))
+    return res
+
+
+@dataclass
+class _StructuralReport:
+    """What record reports when kvconv.check.validate cannot run here (a dependency is missing): a structural read."""
+
+    path: str
+    findings: list
+
+    @property
+    def valid(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+
+def validate_dump(path: str):
+    """kvconv.check.validate on one dump; where it cannot run (e.g. jsonschema missing on a GPU image), a structural read
+    with :func:`kvconv.format.dump.open` and a warning saying so."""
+    try:
+        from kvconv.check.validate import ValidateOptions, validate
+
+        return validate(path, options=ValidateOptions())
+    except ModuleNotFoundError as e:
+        from kvconv.format import dump
+        from kvconv.format.findings import Finding
+
+        findings = [Finding("warning", "validate-unavailable",
+                            f"full validation skipped ({e.name} is not installed); checked the structure only",
+                            path=path)]
+        try:
+            with dump.open(path):
+                pass
+        except KvconvError as err:
+            findings.append(Finding.from_error(err))
+        return _StructuralReport(path, findings)

@@ -1,0 +1,149 @@
+"""Count stage: per launch the device events matched to it, the distinct in-grid blocks among them, those outside
+the grid or repeated, the earliest entry; the missing / extra findings; what no launch accounts for.
+
+    >>> c = count_blocks(ev, table, match, ordered, drops, names, notes, options)   # doctest: +SKIP
+    >>> c.missing.sum(), c.unattributed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconv.check.reconcile._notes import Notes, hexs, ranges
+from kvconv.check.reconcile.events import Drops, Events
+from kvconv.check.reconcile.exact import Match
+from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kind_name, launch_name
+from kvconv.check.reconcile.tally import Tally
+
+
+@dataclass(frozen=True)
+class Counts:
+    recorded: np.ndarray  # per row: events matched
+    distinct: np.ndarray  # per row: distinct in-grid blocks among them
+    outside: np.ndarray
+    dupblk: np.ndarray
+    first_ns: np.ndarray  # earliest matched entry (0 if none)
+    missing: np.ndarray  # per row (0 inside ambiguous runs: counted per run)
+    unattributed: int  # events counted neither in a launch nor in an ambiguous run
+
+
+def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
+                 strict_coverage: bool) -> Counts:
+    """``tally``: the join's per-launch reductions (:mod:`kvconv.check.reconcile.tally`); ``o``: the ordered join's extras
+    (:class:`kvconv.check.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered join's regions
+    name their first event), or None."""
+    recorded, distinct, outside, dupblk = tally.recorded, tally.distinct, tally.outside, tally.dupblk
+    exp = np.where(t.dup | t.upload, 0, t.grid)
+    in_region = o.in_region if o is not None else np.zeros(t.n, bool)
+    missing = exp - distinct
+    np.maximum(missing, 0, out=missing)
+    missing[t.dup] = 0
+    if o is not None:
+        missing[in_region] = 0
+    late = o.coverage_late if o is not None else 0
+    late_until = -1
+    if late:  # launches whose blocks lie (in part) before the first covered block, in host order
+        late_until = int(np.searchsorted(np.cumsum(t.grid[o.order]), late, side="left"))
+    dev_note = f" ({drops.loss()})" if drops.device else ""
+    for hh in t.in_order(missing > 0):
+        rec, ex = int(distinct[hh]), int(exp[hh])
+        why, sev, code = dev_note, "error", "missing-blocks"
+        if late and 0 <= o.order_pos[hh] <= late_until:
+            why = (" - ran before coverage began: 0 device drops, so the deficit can only be launches that ran "
+                   "before patching (coverage starts late, it never stops early)")
+            sev, code = ("error" if strict_coverage else "warning"), "coverage-late"
+        notes.add(sev, code, f"{launch_name(t, names, hh)}: {rec:,} of {ex:,} blocks recorded, {ex - rec:,} "
+                  f"missing{why}", kind=kind_name(t, hh), index=int(t.index[hh]))
+    _extra_findings(t, tally, exp, o, names, notes)
+    regions = o.regions if o is not None else []
+    _region_findings(t, regions, ev, drops, names, notes)
+    in_runs = sum(r["unattributed_events"] for r in regions)
+    return Counts(recorded=recorded, distinct=distinct, outside=outside, dupblk=dupblk, first_ns=tally.first_ns,
+                  missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
+
+
+def _extra_findings(t, tally: Tally, exp, o, names, notes) -> None:
+    outside, dupblk, recorded = tally.outside, tally.dupblk, tally.recorded
+    if not (outside.any() or dupblk.any()):
+        return
+    alts = o.surplus_alt if o is not None else {}
+    for hh in t.in_order(outside > 0):
+        dev, x, y, z = tally.first_out[int(hh)]
+        alt = alts.get(int(hh))
+        alt = (f"; ordered join: it came right after the last block of {launch_name(t, names, alt)} and may belong "
+               "to that launch instead") if alt is not None else ""
+        notes.add("error", "extra-blocks", f"{launch_name(t, names, hh)}: {int(recorded[hh]):,} device events for "
+                  f"{int(exp[hh]):,} expected blocks; {int(outside[hh]):,} outside the grid, first block "
+                  f"({x},{y},{z}){alt}", kind="device_event", index=dev, count=int(outside[hh]))
+    for hh in t.in_order(dupblk > 0):
+        dev, x, y, z = tally.first_dup[int(hh)]
+        notes.add("error", "duplicate-block", f"{launch_name(t, names, hh)}: {int(dupblk[hh]):,} blocks recorded more "
+                  f"than once, first ({x},{y},{z})", kind="device_event", index=dev, count=int(dupblk[hh]))
+
+
+def _region_findings(t, regions, ev, drops, names, notes) -> None:
+    ms_groups: dict = {}
+    for r in regions:
+        hs = r["hosts"]
+        if (r["reason"] == "multi-stream" and r["expected_blocks"] == r["device_events"]
+                and (t.kind[hs] == GRAPH_NODE).all() and len(np.unique(t.graph_exec[hs])) == 1):
+            ms_groups.setdefault(int(t.graph_exec[hs[0]]), []).append(r)
+        else:
+            _region_finding(t, r, ev, drops, names, notes)
+    for ex, rs in ms_groups.items():
+        reps = sorted({int(v) for r in rs for v in t.launch_id[r["hosts"]]})
+        hs = np.concatenate([r["hosts"] for r in rs])
+        nev = sum(r["unattributed_events"] for r in rs)
+        notes.add("warning", "ordered-ambiguous", f"ordered join: graph exec {hexs(ex)} replays {ranges(reps)}: the "
+                  f"nodes ran on {len(np.unique(t.stream[hs]))} streams and the device order between streams is "
+                  f"unknown, so {nev:,} events are attributed to their replay only, not to a node (counts per replay "
+                  "agree); use a dump with gridid+tag for the exact join",
+                  kind="device_event", index=int(ev.idx[rs[0]["first_event"]]), count=nev)
+
+
+def _region_finding(t, r: dict, ev, drops: Drops, names, notes: Notes) -> None:
+    hs = r["hosts"]
+    first, last = int(hs[0]), int(hs[-1])
+    d_ = r["expected_blocks"] - r["device_events"]
+    what = f"{len(hs):,} launches from {launch_name(t, names, first)} to {launch_name(t, names, last)}"
+    if r["reason"] == "multi-stream":
+        ex = sorted({hexs(v) for v in t.graph_exec[hs] if v}) or ["-"]
+        notes.add("warning", "ordered-ambiguous", f"ordered join: {what} ran on {len(np.unique(t.stream[hs]))} "
+                  f"streams; the device order between streams is unknown, so {r['unattributed_events']:,} events are "
+                  f"attributed to their replay/window only, not to a node (graph exec {', '.join(ex)}); use a dump "
+                  "with gridid+tag for the exact join", kind="device_event", index=int(ev.idx[r["first_event"]]),
+                  count=r["unattributed_events"])
+        if d_:
+            notes.add("error", "missing-blocks" if d_ > 0 else "extra-blocks",
+                      f"{what}: {r['expected_blocks']:,} expected blocks, {r['device_events']:,} device events "
+                      f"({abs(d_):,} {'missing' if d_ > 0 else 'extra'}); which launch cannot be told",
+                      kind=kind_name(t, first), index=int(t.index[first]))
+        return
+    notes.add("error", "missing-blocks" if d_ > 0 else ("extra-blocks" if d_ < 0 else "ordered-ambiguous"),
+              f"ordered join: {what}: {r['expected_blocks']:,} expected blocks, {r['device_events']:,} device "
+              f"events, {abs(d_):,} {'missing' if d_ >= 0 else 'extra'}; {drops.loss()}, so the ordered join cannot "
+              f"tell which of these launches {'lost' if d_ >= 0 else 'gained'} them "
+              f"({r['unattributed_events']:,} events unattributed)", kind=kind_name(t, first), index=int(t.index[first]))
+
+
+def check_ordered_against_gridid(ev: Events, t: LaunchTable, match: Match, notes: Notes) -> int:
+    """An ordered join forced on events that carry %gridid is checked against the grid id each event names.
+
+    Where they disagree, the device order is not the host order (a multi-stream graph, concurrent kernels): the
+    ordered answer for those events is wrong, so it is reported and their launch/node attribution is withdrawn (they
+    keep their replay; block counts were taken before, per replay they still agree)."""
+    m = (match.host >= 0) & ev.has_gid
+    bad = np.zeros(len(m), bool)
+    bad[m] = t.grid_id[match.host[m]] != ev.gridid[m]
+    n = int(bad.sum())
+    if n:
+        first = int(np.flatnonzero(bad)[0])
+        notes.add("warning", "ordered-ambiguous", f"ordered join contradicted by %gridid for {n:,} device events: the "
+                  "device order is not the host order (a multi-stream graph or concurrent kernels), so these events "
+                  "keep their replay but not a launch or node; use --join exact", kind="device_event",
+                  index=int(ev.idx[first]), count=n)
+        match.host[bad] = -1
+        match.ordinal[bad] = -1
+    return n

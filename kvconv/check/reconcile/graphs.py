@@ -1,0 +1,179 @@
+"""Per graph executable: its nodes, replays and node order from the host records (``host_graphs``), and its
+device-side counts and %globaltimer timing from the joined events (``graph_device``).
+
+    >>> graphs = host_graphs(table, names, notes)            # doctest: +SKIP
+    >>> graphs[0].exec, graphs[0].report["replays"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconv.check.reconcile._notes import Notes, hexs, ranges
+from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kernel_short
+
+_I64 = np.iinfo(np.int64)
+
+
+def stats(values) -> dict | None:
+    v = np.asarray(values, dtype=np.int64)
+    if not len(v):
+        return None
+    return {"min": int(v.min()), "max": int(v.max()), "median": float(np.median(v)), "count": int(len(v))}
+
+
+@dataclass(frozen=True)
+class GraphExec:
+    exec: int
+    rows: np.ndarray  # launch-table rows of its records (duplicates included), in (replay, record) order
+    nodes: np.ndarray  # node handles, sorted
+    ordmap: np.ndarray  # node (index into nodes) -> ordinal
+    report: dict  # the host side of its JSON report
+
+
+def host_graphs(t: LaunchTable, names: dict, notes: Notes) -> list[GraphExec]:
+    g = np.flatnonzero((t.kind == GRAPH_NODE) & ~t.upload)
+    if not len(g):
+        return []
+    order = g[np.lexsort((t.index[g], t.launch_id[g], t.graph_exec[g]))]
+    ex = t.graph_exec[order]
+    brk = np.flatnonzero(ex[1:] != ex[:-1]) + 1
+    return [_one_graph(t, names, notes, idx) for idx in np.split(order, brk)]
+
+
+def _node_findings(notes: Notes, gname: str, replays, nodes, ordmap, cnt, unstable, best) -> tuple[list, list]:
+    repeated = [{"replay": int(replays[r]), "node": hexs(nodes[k]), "node_ordinal": int(ordmap[k]),
+                 "records": int(cnt[r, k])} for r, k in zip(*np.nonzero(cnt > 1))]
+    missing = [{"replay": int(replays[r]), "node": hexs(nodes[k]), "node_ordinal": int(ordmap[k])}
+               for r, k in zip(*np.nonzero(cnt == 0))]
+    for m in sorted(missing, key=lambda m: (m["replay"], m["node_ordinal"])):
+        notes.add("error", "node-missing", f"{gname} replay {m['replay']} has no host record of node "
+                  f"#{m['node_ordinal']} ({m['node']}), which other replays have")
+    rep_ids = [int(r) for r in replays]
+    if rep_ids and rep_ids != list(range(rep_ids[0], rep_ids[0] + len(rep_ids))):
+        # Gaps as ranges, never as a set of ids: a damaged launch_id can be near 2^64.
+        holes = [(a + 1, b - 1) for a, b in zip(rep_ids, rep_ids[1:]) if b - a > 1]
+        text = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in holes[:20]) + (
+            f" and {len(holes) - 20} more" if len(holes) > 20 else "")
+        notes.add("warning", "replay-ids-gap", f"{gname}: host records hold replays {ranges(rep_ids)}; no record of "
+                  f"replay(s) {text}", listed=False)
+    if unstable:
+        notes.add("warning", "node-order-changed", f"{gname}: node order differs from the reference replay "
+                  f"{int(replays[best])} in replay(s) {ranges(unstable)}", listed=False)
+    return repeated, missing
+
+
+def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> GraphExec:
+    exec_h = int(t.graph_exec[idx[0]])
+    nodes, nid = np.unique(t.node[idx], return_inverse=True)
+    nid = nid.reshape(-1)
+    replays, rid = np.unique(t.launch_id[idx], return_inverse=True)
+    rid = rid.reshape(-1)
+    N, R = len(nodes), len(replays)
+    cnt = np.bincount(rid * N + nid, minlength=R * N).reshape(R, N)
+    best = int(np.argmax((cnt > 0).sum(axis=1)))  # the reference replay: the first holding the most nodes
+    ords = t.node_ordinal[idx]
+    ordmap = np.empty(N, np.int32)
+    ordmap[nid] = ords
+    # stable order: within each replay, first occurrences of nodes have increasing ordinals
+    _, first_pos = np.unique(rid.astype(np.int64) * N + nid, return_index=True)
+    first_pos = np.sort(first_pos)
+    fr, fo = rid[first_pos], ords[first_pos]
+    bad = (fr[1:] == fr[:-1]) & (fo[1:] <= fo[:-1])
+    unstable = sorted({int(replays[r]) for r in fr[1:][bad]})
+    gname = f"graph exec {hexs(exec_h)}"
+    repeated, missing = _node_findings(notes, gname, replays, nodes, ordmap, cnt, unstable, best)
+    # host timing, CLOCK_MONOTONIC, its own domain
+    hns = t.host_ns[idx].astype(np.int64)
+    hmin, hmax = np.full(R, _I64.max), np.full(R, _I64.min)
+    np.minimum.at(hmin, rid, hns)
+    np.maximum.at(hmax, rid, hns)
+    report = {
+        "graph_exec": hexs(exec_h), "nodes": N, "replays": [int(r) for r in replays], "replay_count": R,
+        "records": int(len(idx)), "records_per_replay": stats(cnt.sum(axis=1)), "repeated_nodes": repeated,
+        "missing_nodes": missing, "stable_order": not unstable, "unstable_replays": unstable,
+        "reference_replay": int(replays[best]), "streams": [hexs(s) for s in np.unique(t.stream[idx])],
+        "kernels": sorted({kernel_short(names, s) for s in np.unique(t.kernel_slot[idx])}),
+        "host_timing": {
+            "clock": "host_monotonic",
+            "note": "graph-node launch callbacks (CLOCK_MONOTONIC ns); never subtracted from device times",
+            "first_ns": int(hmin.min()), "last_ns": int(hmax.max()), "callback_span_ns": stats(hmax - hmin),
+            "replay_start_interval_ns": stats(np.diff(hmin)) if R > 1 else None,
+        },
+    }
+    return GraphExec(exec=exec_h, rows=idx, nodes=nodes, ordmap=ordmap, report=report)
+
+
+def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
+    """Each graph exec's report, host side and device side, from the join's per-launch reductions (count, first
+    and last entry) and the graph-node events attributed to a replay without a launch, reduced per (graph exec,
+    replay, node ordinal) (:class:`kvconv.check.reconcile.tally.Tally`): the timing takes only minima and maxima."""
+    if not graphs:
+        return []
+    cnt, tmin, tmax = tally.recorded, tally.tmin, tally.tmax
+    loose = sorted(tally.loose.items())
+    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
+    out = []
+    for g in graphs:
+        rows = g.rows[cnt[g.rows] > 0]
+        lo = [(k[1], k[2], v) for k, v in loose if k[0] == g.exec]
+        n_lo = sum(v[0] for _, _, v in lo)
+        live = g.rows[~t.dup[g.rows]]
+        lrep = np.array([r for r, _, _ in lo], np.uint64)
+        lord = np.array([o for _, o, _ in lo], np.int64)
+        dev = {"expected_executions": int(len(live)), "expected_blocks": int(exp_eff[live].sum()),
+               "device_events": int(cnt[rows].sum()) + n_lo, "matched_events": int(cnt[rows].sum()),
+               "device_replays": [int(r) for r in np.unique(np.r_[t.launch_id[rows], lrep])],
+               "node_attribution": bool((lord >= 0).all())}
+        timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
+        if len(rows) or lo:
+            timing.update(_timing(g, np.r_[tmin[rows], np.array([v[1] for _, _, v in lo], np.int64)],
+                                  np.r_[tmax[rows], np.array([v[2] for _, _, v in lo], np.int64)],
+                                  np.r_[t.launch_id[rows], lrep].astype(np.uint64),
+                                  np.r_[t.node_ordinal[rows], lord].astype(np.int64)))
+        dev["timing"] = timing
+        out.append({**g.report, **dev})
+    return out
+
+
+def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, ordn: np.ndarray) -> dict:
+    """Per replay span and gap, per node start offsets, from items (a launch or an event) with their first and
+    last entry, replay and node ordinal (-1: none)."""
+    ur, rinv = np.unique(rep, return_inverse=True)
+    rinv = rinv.reshape(-1)
+    R, N = len(ur), len(g.nodes)
+    rfirst, rlast = np.full(R, _I64.max), np.full(R, _I64.min)
+    np.minimum.at(rfirst, rinv, t)
+    np.maximum.at(rlast, rinv, t_last)
+    known = ordn >= 0
+    spans = rlast - rfirst
+    node_first = None
+    if known.any():
+        nf = np.full(R * N, _I64.max)
+        np.minimum.at(nf, rinv[known].astype(np.int64) * N + ordn[known], t[known])
+        node_first = nf.reshape(R, N)
+        has = node_first != _I64.max
+        nf_min = np.where(has, node_first, _I64.max).min(axis=1)
+        nf_max = np.where(has, node_first, _I64.min).max(axis=1)
+        spans = np.where(has.any(axis=1), nf_max - nf_min, spans)
+    out = {"span_ns": stats(spans), "gap_ns": stats(rfirst[1:] - rlast[:-1]) if R > 1 else None,
+           "per_replay": [{"replay": int(ur[j]), "first_ns": int(rfirst[j]), "last_ns": int(rlast[j]),
+                           "span_ns": int(spans[j]),
+                           "gap_to_next_ns": int(rfirst[j + 1] - rlast[j]) if j + 1 < R else None}
+                          for j in range(R)]}
+    if node_first is not None:
+        offs = []
+        has = node_first != _I64.max
+        base = np.where(has, node_first, _I64.max).min(axis=1)
+        for o in range(N):
+            col = has[:, o]
+            if not col.any():
+                continue
+            v = node_first[col, o] - base[col]
+            node_h = g.nodes[np.flatnonzero(g.ordmap == o)[0]]
+            offs.append({"node_ordinal": o, "node": hexs(node_h), "replays": int(col.sum()), "min_ns": int(v.min()),
+                         "median_ns": float(np.median(v)), "max_ns": int(v.max())})
+        out["node_offsets"] = offs
+    return out

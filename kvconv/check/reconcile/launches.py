@@ -1,0 +1,218 @@
+"""The launch table: every host launch record of one context as one set of columns, shared by reconcile and the
+emitters (one table, one dedup, one node order, one exact join over it: :mod:`kvconv.check.reconcile.exact`).
+
+    >>> t = LaunchTable.load(d, ctx)                  # doctest: +SKIP
+    >>> t.kind[t.report_order][:3], t.dup.sum()       # eager launches first when reported
+
+Rows: the context's graph-node records (graph uploads included, flagged: they are not launches), then its eager
+launches, each in record order. ``report_order`` lists the rows as reconcile reports them (eager launches, then graph
+nodes); ``rank`` is a row's place in it (ties in host time are broken by it, and the first of duplicated records wins
+by it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconv.format import layout
+
+GRAPH_NODE = layout.KINDS["graph_node"].id  # 6
+EAGER = layout.KINDS["eager_launch"].id  # 7
+_LF = layout.ENUMS["launch_flags"]
+
+
+@dataclass(frozen=True)
+class LaunchTable:
+    n_gn: int  # graph-node rows come first
+    kind: np.ndarray  # u2: GRAPH_NODE or EAGER
+    index: np.ndarray  # i8: index into d.records(kind, context_id=ctx)
+    host_ns: np.ndarray
+    graph_exec: np.ndarray
+    launch_id: np.ndarray
+    node: np.ndarray
+    grid_id: np.ndarray
+    stream: np.ndarray
+    kernel_slot: np.ndarray
+    flags: np.ndarray
+    tag: np.ndarray
+    gx: np.ndarray  # u8 grid dimensions
+    gy: np.ndarray
+    gz: np.ndarray
+    grid: np.ndarray  # i8: blocks the grid predicts
+    upload: np.ndarray  # bool: a graph upload (not a launch; never joined or counted)
+    dup: np.ndarray  # bool: repeats an earlier record (same graph exec, replay and node / same eager gridid)
+    node_ordinal: np.ndarray  # i4: node's place in its graph exec's canonical order; -1 for eager and uploads
+
+    @property
+    def n(self) -> int:
+        return len(self.kind)
+
+    @property
+    def shown(self) -> np.ndarray:
+        """Records drawn on host tracks (graph uploads are not launches)."""
+        return ~self.upload
+
+    @property
+    def has_tag(self) -> np.ndarray:
+        return (self.flags & _LF["has_tag"]) != 0
+
+    @property
+    def replay(self) -> np.ndarray:
+        """Graph launch id (the replay) of graph-node rows, 0 for eager launches."""
+        return np.where(self.kind == GRAPH_NODE, self.launch_id, np.uint64(0))
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Place of each row in ``report_order``."""
+        return np.where(self.kind == EAGER, self.index, (self.n - self.n_gn) + self.index)
+
+    @property
+    def report_order(self) -> np.ndarray:
+        return np.r_[np.arange(self.n_gn, self.n), np.arange(self.n_gn)].astype(np.int64)
+
+    def in_order(self, mask: np.ndarray) -> np.ndarray:
+        """Rows where ``mask`` holds, in report order."""
+        # report_order's rows where mask holds, without building report_order: eager rows, then graph-node rows
+        return np.r_[np.flatnonzero(mask[self.n_gn:]) + self.n_gn, np.flatnonzero(mask[: self.n_gn])].astype(np.int64)
+
+    @classmethod
+    def load(cls, d, ctx: int) -> "LaunchTable":
+        c, n_gn, n_el = _columns(d, ctx)
+        kind = np.concatenate([np.full(n_gn, GRAPH_NODE, np.uint16), np.full(n_el, EAGER, np.uint16)])
+        index = np.concatenate([np.arange(n_gn), np.arange(n_el)]).astype(np.int64)
+        gx, gy, gz = (c.pop(f).astype(np.uint64) for f in ("grid_x", "grid_y", "grid_z"))
+        with np.errstate(over="ignore"):
+            grid = (gx * gy * gz).astype(np.int64)
+        upload = (kind == GRAPH_NODE) & ((c["flags"] & _LF["graph_upload"]) != 0)
+        ordn = np.full(n_gn + n_el, -1, np.int32)
+        ordn[:n_gn] = node_ordinals({f: c[f][:n_gn] for f in ("flags", "graph_exec", "launch_id", "node")})
+        dup = _duplicates(kind, index, upload, c)
+        return cls(n_gn=n_gn, kind=kind, index=index, gx=gx, gy=gy, gz=gz, grid=grid, upload=upload, dup=dup,
+                   node_ordinal=ordn, **c)
+
+
+_FIELDS = ("host_ns", "graph_exec", "launch_id", "node", "grid_id", "stream", "kernel_slot", "flags", "tag",
+           "grid_x", "grid_y", "grid_z")
+_HOST_DTYPE = layout.DTYPES["host_launch"]
+_CHUNK = 1 << 16  # records copied into the columns at a time
+
+
+def _columns(d, ctx: int) -> tuple[dict, int, int]:
+    """The host records' fields as compact columns (graph nodes, then eager launches, each in record order), read
+    from the mapped records a chunk at a time: no copy of whole records is made (a record is 96 bytes, the
+    columns 76 of them) and, on large dumps, each chunk's pages are given back once copied."""
+    from kvconv.format.dump import release_pages
+    from kvconv.check.reconcile import RELEASE_BYTES
+
+    gn = d.groups_of("graph_node", context_id=ctx)
+    el = d.groups_of("eager_launch", context_id=ctx)
+    n_gn, n_el = sum(len(g.records) for g in gn), sum(len(g.records) for g in el)
+    cols = {f: np.empty(n_gn + n_el, _HOST_DTYPE[f]) for f in _FIELDS}
+    release = d.size > RELEASE_BYTES
+    at = 0
+    for g in list(gn) + list(el):
+        r, rs = g.records, int(g.header["record_size"])
+        for s in range(0, len(r), _CHUNK):
+            v = r[s : s + _CHUNK]
+            for f in _FIELDS:
+                cols[f][at + s : at + s + len(v)] = v[f]
+            if release:
+                release_pages(d._mm, g.payload_offset + s * rs, len(v) * rs)
+        at += len(r)
+    return cols, n_gn, n_el
+
+
+def release_records(d, ctx: int) -> None:
+    """Give back the pages of a context's host records (large dumps only): the table holds its own columns."""
+    from kvconv.format.dump import release_pages
+    from kvconv.check.reconcile import RELEASE_BYTES
+
+    if d.size > RELEASE_BYTES:
+        for kind in ("graph_node", "eager_launch"):
+            for g in d.groups_of(kind, context_id=ctx):
+                release_pages(d._mm, g.payload_offset, len(g.records) * int(g.header["record_size"]))
+
+
+def _duplicates(kind, index, upload, recs) -> np.ndarray:
+    """Repeats of an earlier record: same (graph exec, replay, node) for graph nodes, same gridid for eager launches
+    (gridids are unique per eager launch); the first record in record order is the one counted."""
+    dup = np.zeros(len(kind), bool)
+    g = np.flatnonzero((kind == GRAPH_NODE) & ~upload)
+    if len(g):
+        ex, rp, nd = recs["graph_exec"], recs["launch_id"], recs["node"]
+        o = g[np.lexsort((index[g], nd[g], rp[g], ex[g]))]
+        same = (ex[o][1:] == ex[o][:-1]) & (rp[o][1:] == rp[o][:-1]) & (nd[o][1:] == nd[o][:-1])
+        dup[o[1:][same]] = True
+    gid = recs["grid_id"]
+    e = np.flatnonzero((kind == EAGER) & (gid != 0))
+    if len(e):
+        o = e[np.lexsort((index[e], gid[e]))]
+        dup[o[1:][gid[o][1:] == gid[o][:-1]]] = True
+    return dup
+
+
+def node_ordinals(g) -> np.ndarray:
+    """Node ordinal of each graph-node record (graph uploads: -1): per graph exec, the nodes of the first replay
+    holding the most distinct nodes in their record order, then the other nodes in order of first sight (replay,
+    then record order). ``g``: records, or columns by field name."""
+    out = np.full(len(g["flags"]), -1, np.int32)
+    live = np.flatnonzero((g["flags"] & _LF["graph_upload"]) == 0)
+    if not len(live):
+        return out
+    ex, rep = g["graph_exec"][live], g["launch_id"][live]
+    if len(live) > 1 and bool(np.all((ex[1:] > ex[:-1]) | ((ex[1:] == ex[:-1]) & (rep[1:] >= rep[:-1])))):
+        order = live  # already in (graph exec, replay, record) order
+    else:
+        order = live[np.lexsort((live, rep, ex))]
+    exs = g["graph_exec"][order]
+    brk = np.flatnonzero(exs[1:] != exs[:-1]) + 1
+    for idx in np.split(order, brk):
+        nodes, nid = np.unique(g["node"][idx], return_inverse=True)
+        out[idx] = _exec_ordinals(nid.reshape(-1), g["launch_id"][idx], len(nodes))
+    return out
+
+
+def _exec_ordinals(nid: np.ndarray, r: np.ndarray, N: int) -> np.ndarray:
+    """Ordinals of one graph exec's records (node ids ``nid``, replays ``r`` in increasing order)."""
+    BIG = np.iinfo(np.int64).max
+    rid = np.concatenate([[0], np.cumsum(r[1:] != r[:-1])])
+    R, m = int(rid[-1]) + 1, len(nid)
+    if R * N <= (1 << 22):
+        present = (np.bincount(rid * N + nid, minlength=R * N).reshape(R, N) > 0).sum(axis=1)
+    else:
+        present = np.bincount(np.unique(rid * N + nid) // N, minlength=R)
+    best = int(np.argmax(present))
+    lo, hi = np.searchsorted(rid, [best, best + 1])
+    key = np.full(N, BIG, np.int64)
+    np.minimum.at(key, nid[lo:hi], np.arange(lo, hi))  # first sight in the reference replay
+    fa = np.full(N, BIG, np.int64)
+    np.minimum.at(fa, nid, np.arange(m))
+    rest = key == BIG
+    key[rest] = m + fa[rest]  # then first sight anywhere
+    rank = np.empty(N, np.int32)
+    rank[np.argsort(key, kind="stable")] = np.arange(N, dtype=np.int32)
+    return rank[nid]
+
+
+def kernel_short(names: dict, slot) -> str:
+    name = names.get(int(slot))
+    if not name:
+        return f"kernel slot {int(slot)}"
+    short = name.split("(")[0].split("<")[0].replace("void ", "").strip()
+    return short.rsplit("::", 1)[-1] or name
+
+
+def kind_name(t: LaunchTable, h: int) -> str:
+    return "eager_launch" if t.kind[h] == EAGER else "graph_node"
+
+
+def launch_name(t: LaunchTable, names: dict, h: int) -> str:
+    """'eager launch #12 (kernel, grid 4x1x1)' or 'graph exec 0x.. replay 3 node #5 (0x.., kernel, grid ..)'."""
+    geo = f"grid {int(t.gx[h])}x{int(t.gy[h])}x{int(t.gz[h])}"
+    k = kernel_short(names, t.kernel_slot[h])
+    if t.kind[h] == EAGER:
+        return f"eager launch #{int(t.index[h])} ({k}, {geo})"
+    return (f"graph exec {int(t.graph_exec[h]):#x} replay {int(t.launch_id[h])} node #{int(t.node_ordinal[h])} "
+            f"({int(t.node[h]):#x}, {k}, {geo})")

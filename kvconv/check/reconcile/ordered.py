@@ -1,0 +1,235 @@
+"""The ordered join: device events in sequence order laid over host launches in host order, each launch taking as
+many consecutive events as its grid has blocks (one stream assumed; multi-stream neighbours form windows).
+
+    >>> o = join_ordered(ev, table, drops, names, notes)     # doctest: +SKIP
+    >>> o.match.host[:5], o.regions, o.coverage_late
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconv.check.reconcile._notes import Notes
+from kvconv.check.reconcile.events import Drops, Events
+from kvconv.check.reconcile.exact import JOIN_ORDERED, Match
+from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kernel_short, launch_name
+
+
+@dataclass(frozen=True)
+class Ordered:
+    match: Match
+    order: np.ndarray  # launch-table rows in host order (duplicates and uploads left out)
+    order_pos: np.ndarray  # per row: its place in ``order`` (-1: not in it)
+    regions: list  # ambiguous runs and multi-stream windows: dicts with "hosts" (rows) and "first_event"
+    in_region: np.ndarray  # per row
+    info: dict  # the report's "ordered" section
+    coverage_late: int  # blocks missing at the start with 0 drops: launches that ran before coverage began
+    surplus_alt: dict  # row -> the previous launch its first (surplus) block may belong to instead
+    note: str
+
+
+def _offsets(ev: Events, t, order, C, E: int, drops: int, m: Match) -> tuple:
+    """Positions and the range of offsets s (event at position p sits at host block p + s)."""
+    T = int(ev.pos[-1]) + 1 if ev.n else 0  # block-enter slots reserved (gaps included)
+    gaps, delta = T - ev.n, E - T
+    p, surplus, alt = ev.pos, np.zeros(ev.n, bool), {}
+    if delta < 0 and drops == 0 and len(order):
+        # More events than blocks: find each surplus event as the first that does not fit the launch the forward
+        # placement gives it (kernel slot, blockIdx outside the grid, blockIdx repeated); a few rounds.
+        p, surplus, hosts, alt = _locate_surplus(ev, t, order, C, -delta)
+        if surplus.any():
+            m.host[surplus] = hosts
+            m.join[surplus] = JOIN_ORDERED
+            keep = ~surplus
+            T = int(p[keep][-1]) + 1 if keep.any() else 0
+            delta = E - T
+    if delta >= 0:
+        s_lo, s_hi = (delta, delta) if drops == 0 else (max(0, delta - drops), delta)
+    else:
+        s_lo, s_hi = delta, 0
+    info = {"expected_blocks": E, "sequence_slots": T, "sequence_gaps": gaps, "offset_lo": s_lo, "offset_hi": s_hi,
+            "device_drops": drops}
+    return p, surplus, alt, delta, s_lo, s_hi, info
+
+
+def _windows(t: LaunchTable, order: np.ndarray) -> np.ndarray:
+    """Window id per launch in host order: neighbouring launches on different streams (not across replays of one
+    graph exec), and every node of a graph replay spanning several streams."""
+    nL = len(order)
+    if not nL:
+        return np.zeros(0, np.int64)
+    st = t.stream[order]
+    link = st[1:] != st[:-1]
+    kd = t.kind[order]
+    both_g = (kd[1:] == GRAPH_NODE) & (kd[:-1] == GRAPH_NODE)
+    ex, rp = t.graph_exec[order], t.launch_id[order]
+    other_replay = both_g & ((ex[1:] != ex[:-1]) | (rp[1:] != rp[:-1]))
+    link = (link & ~other_replay) | (both_g & ~other_replay & _replay_multistream(t, order))
+    return np.r_[0, np.cumsum(~link)]
+
+
+def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: Notes) -> Ordered:
+    """Lay events (sequence order) over host launches (host order), each launch taking its grid's block count."""
+    m = Match.empty(ev.n)
+    live = np.flatnonzero(~t.dup & ~t.upload)
+    order = live[np.lexsort((t.rank[live], t.host_ns[live]))]  # host order; report order within equal host_ns
+    nL = len(order)
+    exp = t.grid[order]
+    C = np.cumsum(exp)
+    E = int(C[-1]) if nL else 0
+    p, surplus, alt, delta, s_lo, s_hi, info = _offsets(ev, t, order, C, E, drops.device, m)
+    win = _windows(t, order)
+    wstart_of = np.searchsorted(win, win, side="left")
+    wend_of = np.searchsorted(win, win, side="right") - 1
+    a_raw = p + s_lo
+    in_a = (a_raw >= 0) & (a_raw < E) & ~surplus
+    la = np.minimum(np.searchsorted(C, np.clip(a_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
+    if s_hi == s_lo:  # one placement (no drops): the same launches under both offsets
+        b_raw, in_b, lb = a_raw, in_a, la
+    else:
+        b_raw = p + s_hi
+        in_b = (b_raw >= 0) & (b_raw < E) & ~surplus
+        lb = np.minimum(np.searchsorted(C, np.clip(b_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
+    wa, wb = wstart_of[la], wend_of[lb]
+    exact_node = in_a & in_b & (wa == wb)  # one launch, single-launch window
+    win_only = in_a & in_b & ~exact_node & (win[la] == win[lb])
+    amb = ~(exact_node | win_only | surplus)
+    m.host[exact_node] = order[la[exact_node]]
+    m.join[exact_node | win_only] = JOIN_ORDERED
+    m.fill_from_host(t)
+    _attribute_windows(t, m, order, win, la, wa, wb, win_only)
+    _misfits(ev, t, m, names, notes)
+    lo = np.where(amb, np.where(in_a, wa, 0), wa)
+    hi = np.where(amb, np.where(in_b, wb, nL - 1), wb)
+    regions = _regions(order, exp, C, a_raw, b_raw, lo, hi, ((amb, "deficit"), (win_only, "multi-stream")))
+    in_region = np.zeros(t.n, bool)
+    for r in regions:
+        in_region[r["hosts"]] = True
+    late = s_lo if (delta > 0 and drops.device == 0) else 0
+    info["late_start_blocks"] = late
+    order_pos = np.full(t.n, -1, np.int64)
+    order_pos[order] = np.arange(nL)
+    return Ordered(match=m, order=order, order_pos=order_pos, regions=regions, in_region=in_region, info=info,
+                   coverage_late=late, surplus_alt=alt, note=_note(t, order, late, drops, delta))
+
+
+def _attribute_windows(t, m: Match, order, win, la, wa, wb, win_only) -> None:
+    """Events of a multi-stream window: the kind and replay of the window when uniform."""
+    if not win_only.any():
+        return
+    h0, h1 = order[wa[win_only]], order[wb[win_only]]
+    same = ((t.kind[h0] == t.kind[h1]) & (t.replay[h0] == t.replay[h1]) & (t.graph_exec[h0] == t.graph_exec[h1]))
+    sel = np.flatnonzero(win_only)
+    m.kind[sel[same]] = t.kind[h0[same]]
+    m.replay[sel[same]] = t.replay[h0[same]]
+    m.exec[sel[same]] = t.graph_exec[h0[same]]
+    m.window[sel] = win[la[win_only]]
+
+
+def _misfits(ev: Events, t, m: Match, names: dict, notes: Notes) -> None:
+    """The kernel slot must fit; misfits are unmatched and reported (in report order of their launch)."""
+    mis = (m.host >= 0) & (ev.slot != t.kernel_slot[np.maximum(m.host, 0)])
+    if not mis.any():
+        return
+    evs = np.flatnonzero(mis)
+    uh, first, cnt = np.unique(m.host[mis], return_index=True, return_counts=True)
+    for j in np.argsort(t.rank[uh], kind="stable"):
+        h, f, c = uh[j], first[j], cnt[j]
+        notes.add("error", "ordered-misfit", f"ordered join: {int(c):,} device events laid on "
+                  f"{launch_name(t, names, h)} carry {kernel_short(names, ev.slot[evs[f]])}, not the launch's kernel; "
+                  "the single-stream, same-order assumption does not hold here", kind="device_event",
+                  index=int(ev.idx[evs[f]]), count=int(c))
+    m.clear(mis)
+
+
+def _regions(order, exp, C, a_raw, b_raw, lo, hi, kinds) -> list:
+    """Ambiguous runs and multi-stream windows: [first launch, last launch] in host order, with their events."""
+    found = []
+    for sel, reason in kinds:
+        ev_sel = np.flatnonzero(sel)
+        if not len(ev_sel):
+            continue
+        rl, rh = lo[ev_sel], hi[ev_sel]
+        # lo/hi are non-decreasing in position; a new region starts where lo passes the running hi
+        run_hi = np.maximum.accumulate(rh)
+        brk = np.r_[0, np.flatnonzero(rl[1:] > run_hi[:-1]) + 1]
+        ends = np.r_[brk[1:], len(ev_sel)]
+        for b0, b1 in zip(brk, ends):
+            found.append((int(rl[b0]), int(run_hi[b1 - 1]), reason, int(b1 - b0), int(ev_sel[b0])))
+    start = C - exp
+    out = []
+    for r_lo, r_hi, reason, nev, first_ev in sorted(found):
+        # every event whose position falls in the region's block span under either offset
+        blo, bhi = int(start[r_lo]), int(C[r_hi])
+        out.append({"first_launch": r_lo, "last_launch": r_hi, "reason": reason,
+                    "expected_blocks": int(exp[r_lo : r_hi + 1].sum()),
+                    "device_events": int(((b_raw >= blo) & (a_raw < bhi)).sum()), "unattributed_events": nev,
+                    "hosts": order[r_lo : r_hi + 1], "first_event": first_ev})
+    return out
+
+
+def _note(t, order, late: int, drops: Drops, delta: int) -> str:
+    note = "ordered: device events in sequence order laid over host launches in host order; assumes a single stream"
+    streams = np.unique(t.stream[order])
+    if len(streams) > 1:
+        note += (f" (host records name {len(streams)} streams: launches on different streams next to each other "
+                 "are attributed to their window, not to one launch)")
+    if late:
+        note += (f"; {late:,} blocks missing with 0 device drops are attributed to the earliest launches (coverage "
+                 "starts late, it never stops early)")
+    elif drops.device and delta > 0:
+        note += f"; {drops.loss()}: the deficit cannot be placed, ambiguous runs are reported"
+    return note
+
+
+def _locate_surplus(ev: Events, t, order, C, surplus: int, rounds: int = 64):
+    """Forward placement with surplus events taken out one at a time: the first event that does not fit its
+    launch (another kernel, blockIdx outside the grid, blockIdx seen before in that launch) is the surplus one.
+    Returns adjusted positions, the mask of surplus events found (all or none), their launches, and alternatives."""
+    n, E = ev.n, int(C[-1])
+    found = np.zeros(n, bool)
+    alt: dict = {}
+    host_of = np.full(n, -1, np.int64)
+    for _ in range(min(surplus, rounds)):
+        p = ev.pos - np.cumsum(found) + found  # an excluded event keeps the slot it was found at
+        idx = np.flatnonzero(~found & (p < E))
+        la = np.minimum(np.searchsorted(C, p[idx], side="right"), len(order) - 1)
+        h = order[la]
+        x, y, z = ev.x[idx], ev.y[idx], ev.z[idx]
+        mis = (ev.slot[idx] != t.kernel_slot[h]) | (x >= t.gx[h]) | (y >= t.gy[h]) | (z >= t.gz[h])
+        with np.errstate(over="ignore"):
+            lin = x + t.gx[h] * (y + t.gy[h] * z)
+        o = np.lexsort((np.arange(len(idx)), lin, la))
+        rep = np.r_[False, (la[o][1:] == la[o][:-1]) & (lin[o][1:] == lin[o][:-1])]
+        dup = np.zeros(len(idx), bool)
+        dup[o] = rep
+        bad = np.flatnonzero(mis | dup)
+        if not len(bad):
+            break
+        j = idx[bad[0]]
+        found[j] = True
+        host_of[j] = h[bad[0]]
+        lj = int(la[bad[0]])
+        if lj > 0 and p[j] == C[lj - 1]:  # first block of its launch: might be the previous launch's surplus
+            alt[int(h[bad[0]])] = int(order[lj - 1])
+    if int(found.sum()) != surplus:
+        return ev.pos, np.zeros(n, bool), host_of[:0], {}
+    return ev.pos - np.cumsum(found) + found, found, host_of[found], alt
+
+
+def _replay_multistream(t, order: np.ndarray) -> np.ndarray:
+    """For each neighbouring pair in host order that is inside one graph replay: does that replay use >1 stream?"""
+    g = t.kind[order] == GRAPH_NODE
+    st = t.stream[order]
+    if not g.any() or not len(st) or bool(np.all(st == st[0])):  # one stream: no replay spans several
+        return np.zeros(max(len(order) - 1, 0), bool)
+    key = np.where(g, t.graph_exec[order] * np.uint64(0x9E3779B97F4A7C15) + t.launch_id[order], 0)
+    ks, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    pair = np.unique(np.stack([inv.astype(np.uint64), st.astype(np.uint64)], axis=1), axis=0)
+    nstreams = np.bincount(pair[:, 0].astype(np.int64), minlength=len(ks))
+    mm = ((nstreams > 1) & (ks != 0))[inv]
+    return mm[1:] & mm[:-1]
+

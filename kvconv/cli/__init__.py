@@ -1,0 +1,135 @@
+"""The ``kvconv`` command line: a thin typer app. It parses, calls the library, and prints.
+
+Errors: every :class:`kvconv.format.errors.KvconvError` is caught here, in one place, printed as one ``Error: ...`` line on
+stderr, and turned into exit code 1 (2 for unreadable input and usage errors). Nothing else prints tracebacks; set
+``KVCONV_DEBUG=1`` to see one for an internal error.
+
+    $ kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
+    $ kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
+
+Each command lives in a ``kvconv.cli_*`` module with a ``register(app)`` function, listed in COMMAND_MODULES, so the
+heavy imports of one command (pyarrow, protos) never slow the start of another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+
+import typer
+import typer.core
+
+# Plain click help (rich_markup_mode=None below): typer still escapes "[default: ...]" as "\\[default: ...]" for
+# rich whenever rich is importable; tell it rich is not in use.
+typer.core.HAS_RICH = False
+
+from kvconv.format.errors import KvconvError
+
+COMMAND_MODULES = (
+    "kvconv.cli.core",
+    "kvconv.cli.canary",
+    "kvconv.cli.emit",
+    "kvconv.cli.reconcile",
+    "kvconv.cli.record",
+)
+
+app = typer.Typer(
+    name="kvconv",
+    help="Trace, check and convert KV-cache write dumps from CUDA-graph replays.\n\n"
+    "Example: kvconv validate run.kvdump && kvconv perfetto run.kvdump -o run.pftrace",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: rich would add ~150 ms to every --help
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from kvconv import __version__
+
+        sys.stdout.write(f"kvconv {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _kvconv(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="print kvconv's version and exit"),
+) -> None:
+    pass
+
+
+for _mod in COMMAND_MODULES:
+    importlib.import_module(_mod).register(app)
+
+
+def err(message: str) -> None:
+    """Print one line to stderr (no rich markup interpretation, no wrapping)."""
+    sys.stderr.write(message.rstrip("\n").replace("\n", " ") + "\n")
+    sys.stderr.flush()
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (e.g. a salvaged dump's loss) as one ``Warning: ...`` line, without Python's source echo."""
+    text = str(message)
+    if text.startswith("warning "):  # Finding.line() of a warning-level finding
+        text = text[len("warning "):]
+    err(f"Warning: {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the app; typer handles usage errors (exit 2) and ``typer.Exit``; kvconv errors are printed here."""
+    # A hostile dump can carry lone surrogates (metadata JSON "\ud800"): print them escaped rather than fail.
+    out = sys.stdout
+    errors = getattr(out, "errors", None)
+    if errors in ("strict", "surrogateescape") and hasattr(out, "reconfigure"):
+        try:
+            out.reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):
+            errors = None
+    else:
+        errors = None
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return _main(argv)
+    finally:
+        if errors is not None:
+            try:
+                out.reconfigure(errors=errors)
+            except (ValueError, OSError):
+                pass
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        rv = app(args=argv, prog_name="kvconv")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KvconvError as e:
+        err(f"Error: {e}")
+        return e.exit_code
+    except BrokenPipeError:
+        # Output piped into head etc.: not an error worth a traceback.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 1
+    except KeyboardInterrupt:
+        err("Error: interrupted")
+        return 130
+    except MemoryError:
+        err("Error: out of memory (try a smaller --window or a machine with more memory)")
+        return 1
+    except Exception as e:  # noqa: BLE001 - last resort: one line, never a traceback unless asked for
+        if os.environ.get("KVCONV_DEBUG"):
+            raise
+        err(f"Error: internal error ({type(e).__name__}: {e}); please report it, rerun with KVCONV_DEBUG=1 for details")
+        return 3
+    return rv if isinstance(rv, int) else 0

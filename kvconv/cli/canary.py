@@ -1,0 +1,84 @@
+"""``kvconv canary DUMP [--json]``: pages changed outside the expected set, and expected pages that did not change.
+
+Exit status (docs/CANARY.md): 0 when canary records were checked and every one is clean; 1 when any page was written
+unexpectedly, an expected page did not change, or a canary record is damaged; 2 when the dump cannot be read; 4 when
+there was nothing to check (no canary record in the dump): nothing checked is not a pass.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvconv.cli.common import JSON, PROGRESS, SALVAGE
+
+_LAST_LINE = {"ok": "ok", "failed": "FAILED", "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)"}
+
+
+def canary_cmd(
+    dump_path: Path = typer.Argument(..., metavar="DUMP", help="a kvconv dump holding canary records"),
+    as_json: bool = JSON,
+    all_steps: bool = typer.Option(False, "--all", help="list every step and buffer, not only those with findings"),
+    no_missing: bool = typer.Option(False, "--no-missing",
+                                    help="do not report expected pages that did not change (mechanism iii)"),
+    salvage: bool = SALVAGE,
+    progress: Optional[bool] = PROGRESS,
+) -> int:
+    """Check the location canary: per step and buffer, pages changed outside the expected set (aliasing or external
+    writes) and expected pages that did not change (missing writes), with page and slot ranges. Exit 0 clean, 1
+    findings, 2 unreadable, 4 nothing to check (no canary records; docs/CANARY.md says how to record them).
+
+    Example: kvconv canary run.kvdump --json
+    """
+    from kvconv.check import canary
+    from kvconv.format import dump
+
+    from kvconv.cli.common import Outcome, finish, open_or_finish
+    from kvconv.progress import Progress, ProgressOptions
+
+    opts = dump.ReadOptions(salvage=salvage)
+    out = sys.stdout
+    with open_or_finish("canary", dump_path, opts, as_json=as_json) as d:
+        with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
+                      options=ProgressOptions.from_cli(progress=progress)) as bar:
+            res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing), progress=bar.update)
+        code = canary.EXIT_CODES[res.verdict]
+        if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
+            finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)
+        _report(res, out, all_steps=all_steps)
+    out.flush()
+    if code:
+        raise typer.Exit(code)
+    return 0
+
+
+def _report(res, out, *, all_steps: bool) -> None:
+    s = res.summary()
+    from kvconv.wording import counted
+
+    out.write(f"{res.path}: {counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} checked: "
+              f"{counted(s['unexpected_pages'], 'unexpected page')} in {counted(s['steps_with_unexpected'], 'step')}, "
+              f"{counted(s['missing_pages'], 'missing page')} in {counted(s['steps_with_missing'], 'step')}\n")
+    for st in (res.steps if all_steps else res.steps.flagged()):
+        out.write(f"  context {st['context_id']} step {st['step']} buffer {st['buffer']!r} (id {st['buffer_id']}): "
+                  f"expected {len(st['expected'])} changed {len(st['changed'])} excluded "
+                  f"{len(st['excluded'])}: unexpected {_pages(st['unexpected'])} missing "
+                  f"{_pages(st['missing'])}\n")
+    for f in res.findings:
+        out.write(f.line() + "\n")
+    out.write(_LAST_LINE[res.verdict] + "\n")
+
+
+def _pages(pages: list[int]) -> str:
+    from kvconv.check.canary import runs
+
+    if not pages:
+        return "[]"
+    return "[" + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs(pages)) + "]"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("canary")(canary_cmd)

@@ -1,0 +1,161 @@
+"""``kvconv perfetto | chrome | arrow``: convert dumps for trace viewers and data tools.
+
+    $ kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace        # open in ui.perfetto.dev
+    $ kvconv chrome run.kvdump -o run.json                           # chrome://tracing, Perfetto
+    $ kvconv arrow runs/*.kvdump -o tables/ --format parquet         # DuckDB: read_parquet('tables/device_event/**')
+
+Heavy imports (perfetto protos, pyarrow) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kvconv.cli.common import FORCE, QUIET, SALVAGE, output_option, renamed
+
+
+# --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
+# the former --reconcile auto|always|never still works (hidden): always = reconcile, never = exact.
+_JOINS = {"auto": "auto", "exact": "never", "reconcile": "always", "always": "always", "never": "never"}
+
+
+def _options(window, replays, flows, reconcile, chunk, progress, **kw):
+    from kvconv.emit import EmitOptions
+    from kvconv.emit._source import parse_range
+    from kvconv.format.errors import UsageError
+
+    if reconcile not in _JOINS:
+        raise UsageError(f"--join must be auto, exact or reconcile, not {reconcile!r}", code="bad-join")
+    reconcile = _JOINS[reconcile]
+
+    return EmitOptions(window_ms=parse_range(window, what="--window"),
+                       replays=parse_range(replays, what="--replays", cast=int), flows=flows, reconcile=reconcile,
+                       chunk=chunk, progress=progress, **kw)
+
+
+def _report(res, quiet: bool) -> None:
+    from kvconv.cli import err
+    from kvconv.wording import counted
+
+    for wmsg in res.warnings:
+        err(f"Warning: {wmsg}")
+    if quiet:
+        return
+    for a in res.alignment:
+        if a["pairs"]:
+            err(f"aligned {a['run']} ctx {a['context_id']} (GPU {a['device_id']}): {a['pairs']} clock-sync pairs, "
+                f"error bound ±{a['bound_ns'] / 1000:.2f} µs (uncertainty {a['uncertainty_ns'] / 1000:.2f} µs + "
+                f"drift between pairs {a['drift_ns'] / 1000:.2f} µs)")
+        else:
+            err(f"not aligned {a['run']} ctx {a['context_id']} (GPU {a['device_id']}): no clock-sync pairs")
+    if len(res.alignment) > 1 and all(a["pairs"] for a in res.alignment):
+        worst = sorted((a["bound_ns"] for a in res.alignment), reverse=True)[:2]
+        err(f"between two contexts: error bound ±{sum(worst) / 1000:.2f} µs")
+    # with -o - the output itself is on stdout: the summary goes to stderr
+    where = "stdout" if res.output == "-" else res.output
+    (sys.stderr if res.output == "-" else sys.stdout).write(
+        f"wrote {where}: {counted(res.contexts, 'context')}, {counted(res.written_events, 'device event')}, "
+        f"{counted(res.host_records, 'host record')}, {counted(res.flows, 'flow')}, "
+        f"{counted(res.bytes_written, 'byte')}\n")
+
+
+_WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
+                       help="keep device events from START to END ms after each context's first device event")
+_REPLAYS = typer.Option(None, "--replays", metavar="FIRST:LAST", help="keep only graph replays FIRST..LAST")
+_FLOWS = typer.Option(16, "--flows", help="flows from each host launch to at most this many device blocks (0: none)")
+_RECONCILE = typer.Option("auto", "--join", metavar="auto|exact|reconcile",
+                          help="device event -> host launch, as in kvconv reconcile: exact: by gridid only; "
+                               "reconcile: kvconv reconcile's join (ordered when events carry no gridid); auto: exact "
+                               "when it matches every event, else reconcile's (up to 4,000,000 events)")
+_CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
+_PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar on a terminal, else a stderr line "
+                         "every 2 s (KVCONV_PROGRESS_INTERVAL seconds); -q turns it off")
+_SALVAGE = SALVAGE
+_QUIET = QUIET
+
+_DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    @renamed(out="--out", reconcile="--reconcile")
+    def perfetto(
+        dumps: List[Path] = _DUMPS,
+        out: str = output_option("output .pftrace (- for stdout)"),
+        window: Optional[str] = _WINDOW,
+        replays: Optional[str] = _REPLAYS,
+        flows: int = _FLOWS,
+        reconcile: str = _RECONCILE,
+        chunk: int = _CHUNK,
+        progress: Optional[bool] = _PROGRESS,
+        salvage: bool = _SALVAGE,
+        force: bool = FORCE,
+        quiet: bool = _QUIET,
+    ) -> None:
+        """Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.
+
+        Example: kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace
+        """
+        from kvconv.emit.perfetto import write_perfetto
+
+        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
+                                                           False if quiet else progress,
+                                                           salvage=salvage, force=force))
+        _report(res, quiet)
+
+    @app.command()
+    @renamed(out="--out", reconcile="--reconcile")
+    def chrome(
+        dumps: List[Path] = _DUMPS,
+        out: str = output_option("output .json (- for stdout)"),
+        window: Optional[str] = _WINDOW,
+        replays: Optional[str] = _REPLAYS,
+        flows: int = _FLOWS,
+        reconcile: str = _RECONCILE,
+        chunk: int = _CHUNK,
+        progress: Optional[bool] = _PROGRESS,
+        salvage: bool = _SALVAGE,
+        force: bool = FORCE,
+        quiet: bool = _QUIET,
+    ) -> None:
+        """Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.
+
+        Example: kvconv chrome run.kvdump -o run.json --replays 1:3
+        """
+        from kvconv.emit.chrome import write_chrome
+
+        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
+                                                           False if quiet else progress,
+                                                           salvage=salvage, force=force))
+        _report(res, quiet)
+
+    @app.command()
+    @renamed(out="--out", reconcile="--reconcile")
+    def arrow(
+        dumps: List[Path] = _DUMPS,
+        out: str = output_option("output folder (a partitioned dataset)"),
+        fmt: str = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet"),
+        compression: str = typer.Option("none", "--compression", help="none, lz4 or zstd"),
+        reconcile: str = _RECONCILE,
+        chunk: int = _CHUNK,
+        progress: Optional[bool] = _PROGRESS,
+        salvage: bool = _SALVAGE,
+        force: bool = FORCE,
+        quiet: bool = _QUIET,
+    ) -> None:
+        """Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and
+        device.
+
+        Example: kvconv arrow runs/*.kvdump -o tables/ --format parquet
+        """
+        from kvconv.emit.arrow import write_arrow
+
+        opts = _options(None, None, 0, reconcile, chunk, False if quiet else progress, arrow_format=fmt,
+                        salvage=salvage, force=force,
+                        compression=None if compression == "none" else compression)
+        res = write_arrow(dumps, out, options=opts)
+        _report(res, quiet)
