@@ -2,7 +2,7 @@
 
     python3 native/workloads/check_dump.py run.kvdump [--expect-graph 280 --expect-eager 40]
 
-Independent of kvconv.reconcile (which the lead owns): this is the tracer's own self-check, used on the GPU machine
+Independent of kvconv.check.reconcile (which the lead owns): this is the tracer's own self-check, used on the GPU machine
 right after a run. Exit 1 if the exact join fails or an expectation is not met.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kvconv import dump  # noqa: E402
+from kvconv.format import dump  # noqa: E402
 
 
 def check(path: str) -> dict:
