@@ -7,8 +7,25 @@ stderr, and turned into exit code 1 (2 for unreadable input and usage errors). N
     $ kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
     $ kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
 
-Each command lives in a ``kvconv.cli_*`` module with a ``register(app)`` function, listed in COMMAND_MODULES, so the
-heavy imports of one command (pyarrow, protos) never slow the start of another.
+One way to define a command (every module in COMMAND_MODULES): a module-level ``app = typer.Typer()`` and its
+commands as module-level functions under ``@app.command()``, their options the shared declarations of
+:mod:`kvconv.cli.common` (``DUMPS``, ``JSON``, ``SALVAGE``, ``QUIET``, ``FORCE``, ``PROGRESS``, ``output_option``; former
+spellings through ``@renamed``), the docstring ending in ``Example: kvconv <command> ...`` (tests/test_cli.py checks
+it). Heavy imports (numpy, pyarrow, protos) go inside the command's body, so ``kvconv --help`` stays fast::
+
+    # kvconv/cli/hello.py, then listed in COMMAND_MODULES
+    app = typer.Typer()
+
+    @app.command()
+    def hello(dumps: List[Path] = DUMPS, as_json: bool = JSON, salvage: bool = SALVAGE) -> None:
+        '''Say hello to each dump.
+
+        Example: kvconv hello run.kvdump
+        '''
+        from kvconv.format import dump  # numpy: imported when the command runs, not for --help
+        ...
+
+The commands of every module's ``app`` join the one ``kvconv`` app below (:func:`_add_commands`).
 """
 
 from __future__ import annotations
@@ -47,7 +64,6 @@ app = typer.Typer(
 )
 
 
-
 def _print_version(value: bool) -> None:
     if value:
         from kvconv import __version__
@@ -64,8 +80,17 @@ def _kvconv(
     pass
 
 
+def _add_commands(module: str) -> None:
+    """The commands of ``module``'s ``app`` become commands of the ``kvconv`` app (the same names and help)."""
+    mod = importlib.import_module(module)
+    if hasattr(mod, "app"):
+        app.registered_commands.extend(mod.app.registered_commands)
+    else:  # the former shape, ``register(app)``, until every module has moved to the one above
+        mod.register(app)
+
+
 for _mod in COMMAND_MODULES:
-    importlib.import_module(_mod).register(app)
+    _add_commands(_mod)
 
 
 def err(message: str) -> None:

@@ -15,9 +15,12 @@ import typer
 
 from kvconv.cli.common import JSON, PROGRESS, SALVAGE
 
+app = typer.Typer()
+
 _LAST_LINE = {"ok": "ok", "failed": "FAILED", "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)"}
 
 
+@app.command("canary")
 def canary_cmd(
     dump_path: Path = typer.Argument(..., metavar="DUMP", help="a kvconv dump holding canary records"),
     as_json: bool = JSON,
@@ -78,7 +81,3 @@ def _pages(pages: list[int]) -> str:
     if not pages:
         return "[]"
     return "[" + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs(pages)) + "]"
-
-
-def register(app: typer.Typer) -> None:
-    app.command("canary")(canary_cmd)

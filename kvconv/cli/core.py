@@ -13,66 +13,11 @@ from typing import List, Optional
 import typer
 
 from kvconv.cli.common import DUMPS, JSON, PROGRESS, QUIET, RELAXED, SALVAGE, Outcome, each, finish, renamed
-from kvconv.format.errors import FormatError, SchemaError
+from kvconv.format.errors import FormatError
 from kvconv.format.findings import Finding
 from kvconv.wording import counted
 
-
-def info_dict(d) -> dict:
-    """What ``kvconv info`` reports of an open dump, payload checksums included (docs/FORMAT.md: readers verify
-    them); a group a salvaged file cut short has no checksum to compare (``payload_crc: "not-checked"``)."""
-    from kvconv._workers import worker
-
-    # The checksums run in the CRC worker (zlib releases the GIL) while this thread gathers the rest.
-    crc_jobs = {g.index: worker("crc").submit(g.crc_ok) for g in d.groups if not g.lost_records}
-    groups = []
-    totals: dict[str, dict] = {}
-    for g in d.groups:
-        groups.append({
-            "index": g.index,
-            "offset": g.offset,
-            "kind": g.kind_name,
-            "major": g.major,
-            "minor": g.minor,
-            "record_size": g.record_size,
-            "record_count": len(g.records) if g.kind and g.kind.layout else g.record_count,
-            "capacity": g.capacity,
-            "drop_count": g.drop_count,
-            "lost_records": g.lost_records,
-            "context_id": g.context_id,
-            "device_id": g.device_id,
-            "clock_domain": g.clock_domain_name,
-            "payload_bytes": g.record_count * g.record_size,
-        })
-        t = totals.setdefault(g.kind_name, {"records": 0, "drops": 0, "lost_records": 0, "groups": 0})
-        t["records"] += groups[-1]["record_count"]
-        t["drops"] += g.drop_count
-        t["lost_records"] += g.lost_records
-        t["groups"] += 1
-    findings = []
-    for g, row in zip(d.groups, groups):
-        job = crc_jobs.get(g.index)
-        row["payload_crc"] = "not-checked" if job is None else ("ok" if job.result() else "mismatch")
-        if row["payload_crc"] == "mismatch":
-            findings.append(Finding("error", "payload-checksum", "payload checksum does not match "
-                                    "header.payload_crc32 (the records are damaged)", path=d.path, group=g.index,
-                                    offset=g.payload_offset, field="header.payload_crc32"))
-    try:
-        meta = d.metadata()
-        meta_error = None
-    except SchemaError as e:
-        meta, meta_error = None, str(e)
-    out = {
-        "size": d.size,
-        "groups": groups,
-        "totals": totals,
-        "contexts": [{"context_id": c, "device_id": v} for c, v in d.contexts()],
-        "metadata": meta,
-        "findings": [f.to_dict() for f in findings],
-    }
-    if meta_error:
-        out["metadata_error"] = meta_error
-    return out
+app = typer.Typer()
 
 
 def _info_text(path: str, info: dict) -> str:
@@ -114,11 +59,12 @@ def _info_one(path: Path, opts) -> Outcome:
     import warnings
 
     from kvconv.format import dump as dumpmod
+    from kvconv.format.info import describe
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
         with dumpmod.open(path, options=opts) as d:
-            info = info_dict(d)
+            info = describe(d)
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
     return Outcome(str(path), code, info, text=_info_text(str(path), info))
 
@@ -148,79 +94,75 @@ def _validate_one(path: Path, opts, popts=None) -> Outcome:
     return Outcome(r.path, r.exit_code, result, text="\n".join(lines))
 
 
-def register(app: typer.Typer) -> None:
-    register_demo(app)
+@app.command()
+def info(
+    dumps: List[Path] = DUMPS,
+    as_json: bool = JSON,
+    salvage: bool = SALVAGE,
+) -> None:
+    """Show a dump's record groups, counts, capacities, drops, clock domains and run metadata, and verify its
+    payload checksums. Exit 0 readable and intact, 1 a checksum does not match, 2 unreadable.
 
-    @app.command()
-    def info(
-        dumps: List[Path] = DUMPS,
-        as_json: bool = JSON,
-        salvage: bool = SALVAGE,
-    ) -> None:
-        """Show a dump's record groups, counts, capacities, drops, clock domains and run metadata, and verify its
-        payload checksums. Exit 0 readable and intact, 1 a checksum does not match, 2 unreadable.
+    Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
+    """
+    from kvconv.format import dump as dumpmod  # numpy: imported by the commands that read, not by --help
 
-        Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
-        """
-        from kvconv.format import dump as dumpmod  # numpy: imported by the commands that read, not by --help
+    opts = dumpmod.ReadOptions(salvage=salvage, verify_checksums=False)  # verified in describe, reported
+    outcomes = each(dumps, lambda p: _info_one(p, opts))
+    for o in outcomes:  # one blank line between dumps
+        o.text = o.text and o.text + ("\n" if o is not outcomes[-1] else "")
+    finish("info", outcomes, as_json=as_json)
 
-        opts = dumpmod.ReadOptions(salvage=salvage, verify_checksums=False)  # verified in info_dict, reported
-        outcomes = each(dumps, lambda p: _info_one(p, opts))
-        for o in outcomes:  # one blank line between dumps
-            o.text = o.text and o.text + ("\n" if o is not outcomes[-1] else "")
-        finish("info", outcomes, as_json=as_json)
+@app.command()
+@renamed(relaxed="--relaxed-reconcile")
+def validate(
+    dumps: List[Path] = DUMPS,
+    as_json: bool = JSON,
+    relaxed: bool = RELAXED,
+    no_reconcile: bool = typer.Option(False, "--no-reconcile", help="skip the reconciler's checks"),
+    salvage: bool = SALVAGE,
+    progress: Optional[bool] = PROGRESS,
+    quiet: bool = QUIET,
+) -> None:
+    """Check structure, schema and semantics; report every problem. Exit 0 valid, 1 errors, 2 unreadable.
 
-    @app.command()
-    @renamed(relaxed="--relaxed-reconcile")
-    def validate(
-        dumps: List[Path] = DUMPS,
-        as_json: bool = JSON,
-        relaxed: bool = RELAXED,
-        no_reconcile: bool = typer.Option(False, "--no-reconcile", help="skip the reconciler's checks"),
-        salvage: bool = SALVAGE,
-        progress: Optional[bool] = PROGRESS,
-        quiet: bool = QUIET,
-    ) -> None:
-        """Check structure, schema and semantics; report every problem. Exit 0 valid, 1 errors, 2 unreadable.
+    Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
+    """
+    from kvconv.progress import ProgressOptions
+    from kvconv.check.validate import ValidateOptions
 
-        Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
-        """
-        from kvconv.progress import ProgressOptions
-        from kvconv.check.validate import ValidateOptions
-
-        opts = ValidateOptions(reconcile=not no_reconcile, relaxed_reconcile=relaxed, salvage=salvage)
-        popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-        finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts)), as_json=as_json)
+    opts = ValidateOptions(reconcile=not no_reconcile, relaxed_reconcile=relaxed, salvage=salvage)
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
+    finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts)), as_json=as_json)
 
 
-def register_demo(app: typer.Typer) -> None:
-    @app.command()
-    @renamed(out="--out")
-    def demo(
-        out: Path = typer.Option(Path("kvconv-demo"), "-o", "--output", help="folder for the dump and its outputs"),
-    ) -> None:
-        """Run the main job on the embedded Qwen3-14B fixture: write the dump (qwen3-14b.kvdump, from the generator
-        shipped in the package), then info, validate, reconcile, Perfetto and Chrome traces, Parquet tables. A rerun
-        replaces these qwen3-14b.* outputs and nothing else in the folder.
+@app.command()
+@renamed(out="--out")
+def demo(
+    out: Path = typer.Option(Path("kvconv-demo"), "-o", "--output", help="folder for the dump and its outputs"),
+) -> None:
+    """Run the main job on the embedded Qwen3-14B fixture: write the dump (qwen3-14b.kvdump, from the generator
+    shipped in the package), then info, validate, reconcile, Perfetto and Chrome traces, Parquet tables. A rerun
+    replaces these qwen3-14b.* outputs and nothing else in the folder.
 
-        Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
-        """
-        from kvconv import cli
-        from kvconv.demo import qwen3_14b
+    Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
+    """
+    from kvconv import cli
+    from kvconv.demo import qwen3_14b
 
-        out.mkdir(parents=True, exist_ok=True)
-        fixture = out / "qwen3-14b.kvdump"
-        qwen3_14b.write(fixture, qwen3_14b.build())
-        sys.stdout.write(f"wrote {fixture} ({fixture.stat().st_size:,} bytes: the Qwen3-14B run reconstructed from "
-                         "its published figures)\n")
-        steps = [["info", str(fixture)], ["validate", str(fixture)], ["reconcile", str(fixture)],
-                 ["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace"), "--force"],
-                 ["chrome", str(fixture), "-o", str(out / "qwen3-14b.json"), "--force"],
-                 ["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"]]
-        worst = 0
-        for step in steps:
-            sys.stdout.write(f"\n$ kvconv {' '.join(step)}\n")
-            sys.stdout.flush()
-            worst = max(worst, cli.main(step))
-        sys.stdout.write(f"\noutputs in {out}/: open qwen3-14b.pftrace in https://ui.perfetto.dev\n")
-        raise typer.Exit(worst)
+    out.mkdir(parents=True, exist_ok=True)
+    fixture = out / "qwen3-14b.kvdump"
+    qwen3_14b.write(fixture, qwen3_14b.build())
+    sys.stdout.write(f"wrote {fixture} ({fixture.stat().st_size:,} bytes: the Qwen3-14B run reconstructed from "
+                     "its published figures)\n")
+    steps = [["info", str(fixture)], ["validate", str(fixture)], ["reconcile", str(fixture)],
+             ["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace"), "--force"],
+             ["chrome", str(fixture), "-o", str(out / "qwen3-14b.json"), "--force"],
+             ["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"]]
+    worst = 0
+    for step in steps:
+        sys.stdout.write(f"\n$ kvconv {' '.join(step)}\n")
+        sys.stdout.flush()
+        worst = max(worst, cli.main(step))
+    sys.stdout.write(f"\noutputs in {out}/: open qwen3-14b.pftrace in https://ui.perfetto.dev\n")
+    raise typer.Exit(worst)

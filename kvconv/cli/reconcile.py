@@ -24,7 +24,10 @@ import typer
 
 from kvconv.cli.common import DUMPS, JSON, PROGRESS, QUIET, RELAXED, SALVAGE
 
+app = typer.Typer()
 
+
+@app.command("reconcile")
 def reconcile_cmd(
     dump_paths: List[Path] = DUMPS,
     as_json: bool = JSON,
@@ -75,7 +78,3 @@ def reconcile_cmd(
     if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
         status = "\n".join(skew.lines(cross) + [status])
     finish("reconcile", outcomes, as_json=as_json, trailer=status, cross_dump=cross)  # null for one dump
-
-
-def register(app: typer.Typer) -> None:
-    app.command("reconcile")(reconcile_cmd)

@@ -13,55 +13,57 @@ import typer
 from kvconv.cli.common import FORCE, output_option
 
 
-def register(app: typer.Typer) -> None:
-    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def record(
-        ctx: typer.Context,
-        kernel: Optional[List[str]] = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
-                                                   help="substring of a target kernel name (repeatable; mangled or "
-                                                        "demangled); default reshape_and_cache_flash_kernel"),
-        output: str = output_option("dump path; %p = pid, %c = CUDA context index", "kvconv-%p.kvdump"),
-        device_capacity: Optional[int] = typer.Option(None, "--device-capacity",
-                                                      help="device events per context (default 1048576)"),
-        host_capacity: Optional[int] = typer.Option(None, "--host-capacity",
-                                                    help="host records per table (default 65536)"),
-        events: str = typer.Option("enter", "--events", help="block events: enter, exit or enter,exit"),
-        clock_sync_ms: Optional[int] = typer.Option(None, "--clock-sync-ms",
-                                                    help="clock-sync period in ms (default 1000; 0 = start/end)"),
-        no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
-        no_validate: bool = typer.Option(False, "--no-validate", help="skip validating the dump(s)"),
-        verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)"),
-        force: bool = FORCE,
-    ) -> None:
-        """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
+app = typer.Typer()
 
-        Exit code: the command's own if it failed, else 1 if a dump is invalid or none was written, else 0.
 
-        Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
-        """
-        from kvconv.cli import err
-        from kvconv.capture.record import RecordOptions, record as run_record
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def record(
+    ctx: typer.Context,
+    kernel: Optional[List[str]] = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
+                                               help="substring of a target kernel name (repeatable; mangled or "
+                                                    "demangled); default reshape_and_cache_flash_kernel"),
+    output: str = output_option("dump path; %p = pid, %c = CUDA context index", "kvconv-%p.kvdump"),
+    device_capacity: Optional[int] = typer.Option(None, "--device-capacity",
+                                                  help="device events per context (default 1048576)"),
+    host_capacity: Optional[int] = typer.Option(None, "--host-capacity",
+                                                help="host records per table (default 65536)"),
+    events: str = typer.Option("enter", "--events", help="block events: enter, exit or enter,exit"),
+    clock_sync_ms: Optional[int] = typer.Option(None, "--clock-sync-ms",
+                                                help="clock-sync period in ms (default 1000; 0 = start/end)"),
+    no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
+    no_validate: bool = typer.Option(False, "--no-validate", help="skip validating the dump(s)"),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)"),
+    force: bool = FORCE,
+) -> None:
+    """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
-        cmd = list(ctx.args)
-        if cmd and cmd[0] == "--":
-            cmd = cmd[1:]
-        opts = RecordOptions(kernels=tuple(kernel) if kernel else RecordOptions.kernels, output=output,
-                             device_capacity=device_capacity, host_capacity=host_capacity,
-                             events=tuple(e for e in events.split(",") if e), clock_sync_ms=clock_sync_ms,
-                             build=not no_build, validate=not no_validate, verbose=verbose, force=force)
-        res = run_record(cmd, options=opts)
-        if not res.dumps:
-            err(f"Error: the command wrote no dump matching {output} (did it use CUDA and a target kernel?)")
-            raise typer.Exit(res.returncode or 1)
-        bad = 0
-        for i, p in enumerate(res.dumps):
-            rep = res.reports[i] if i < len(res.reports) else None
-            if rep is None:
-                sys.stdout.write(f"{p}: written (not validated)\n")
-                continue
-            for f in rep.findings:
-                if f.severity != "info":
-                    sys.stdout.write(f.line() + "\n")
-            sys.stdout.write(f"{p}: {'valid' if rep.valid else 'INVALID'}\n")
-            bad += not rep.valid
-        raise typer.Exit(res.returncode or (1 if bad else 0))
+    Exit code: the command's own if it failed, else 1 if a dump is invalid or none was written, else 0.
+
+    Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
+    """
+    from kvconv.cli import err
+    from kvconv.capture.record import RecordOptions, record as run_record
+
+    cmd = list(ctx.args)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    opts = RecordOptions(kernels=tuple(kernel) if kernel else RecordOptions.kernels, output=output,
+                         device_capacity=device_capacity, host_capacity=host_capacity,
+                         events=tuple(e for e in events.split(",") if e), clock_sync_ms=clock_sync_ms,
+                         build=not no_build, validate=not no_validate, verbose=verbose, force=force)
+    res = run_record(cmd, options=opts)
+    if not res.dumps:
+        err(f"Error: the command wrote no dump matching {output} (did it use CUDA and a target kernel?)")
+        raise typer.Exit(res.returncode or 1)
+    bad = 0
+    for i, p in enumerate(res.dumps):
+        rep = res.reports[i] if i < len(res.reports) else None
+        if rep is None:
+            sys.stdout.write(f"{p}: written (not validated)\n")
+            continue
+        for f in rep.findings:
+            if f.severity != "info":
+                sys.stdout.write(f.line() + "\n")
+        sys.stdout.write(f"{p}: {'valid' if rep.valid else 'INVALID'}\n")
+        bad += not rep.valid
+    raise typer.Exit(res.returncode or (1 if bad else 0))

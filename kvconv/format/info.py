@@ -1,0 +1,72 @@
+"""What a dump holds, as one JSON-able dict: its groups, totals per kind, contexts, metadata, and the verdict of every
+payload checksum (what ``kvconv info`` prints; docs/FORMAT.md: readers verify the checksums).
+
+    >>> from kvconv.format import dump, info
+    >>> with dump.open("fixtures/qwen3-14b/qwen3-14b.kvdump", options=dump.ReadOptions(verify_checksums=False)) as d:
+    ...     summary = info.describe(d)
+    >>> summary["totals"]["graph_node"]["records"]
+    280
+"""
+
+from __future__ import annotations
+
+from kvconv.format.errors import SchemaError
+from kvconv.format.findings import Finding
+
+
+def describe(d) -> dict:
+    """What ``kvconv info`` reports of an open dump ``d``, payload checksums included (docs/FORMAT.md: readers verify
+    them); a group a salvaged file cut short has no checksum to compare (``payload_crc: "not-checked"``)."""
+    from kvconv._workers import worker
+
+    # The checksums run in the CRC worker (zlib releases the GIL) while this thread gathers the rest.
+    crc_jobs = {g.index: worker("crc").submit(g.crc_ok) for g in d.groups if not g.lost_records}
+    groups = []
+    totals: dict[str, dict] = {}
+    for g in d.groups:
+        groups.append({
+            "index": g.index,
+            "offset": g.offset,
+            "kind": g.kind_name,
+            "major": g.major,
+            "minor": g.minor,
+            "record_size": g.record_size,
+            "record_count": len(g.records) if g.kind and g.kind.layout else g.record_count,
+            "capacity": g.capacity,
+            "drop_count": g.drop_count,
+            "lost_records": g.lost_records,
+            "context_id": g.context_id,
+            "device_id": g.device_id,
+            "clock_domain": g.clock_domain_name,
+            "payload_bytes": g.record_count * g.record_size,
+        })
+        t = totals.setdefault(g.kind_name, {"records": 0, "drops": 0, "lost_records": 0, "groups": 0})
+        t["records"] += groups[-1]["record_count"]
+        t["drops"] += g.drop_count
+        t["lost_records"] += g.lost_records
+        t["groups"] += 1
+    findings = []
+    for g, row in zip(d.groups, groups):
+        job = crc_jobs.get(g.index)
+        row["payload_crc"] = "not-checked" if job is None else ("ok" if job.result() else "mismatch")
+        if row["payload_crc"] == "mismatch":
+            findings.append(Finding("error", "payload-checksum", "payload checksum does not match "
+                                    "header.payload_crc32 (the records are damaged)", path=d.path, group=g.index,
+                                    offset=g.payload_offset, field="header.payload_crc32"))
+    try:
+        meta = d.metadata()
+        meta_error = None
+    except SchemaError as e:
+        meta, meta_error = None, str(e)
+    out = {
+        "size": d.size,
+        "groups": groups,
+        "totals": totals,
+        "contexts": [{"context_id": c, "device_id": v} for c, v in d.contexts()],
+        "metadata": meta,
+        "findings": [f.to_dict() for f in findings],
+    }
+    if meta_error:
+        out["metadata_error"] = meta_error
+    return out
+
