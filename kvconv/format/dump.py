@@ -490,10 +490,10 @@ def make_header(
     flags: int = 0,
 ) -> bytes:
     """The 64 header bytes for a group, header checksum included (``minor``: by default the lowest the group's
-    flags need, layout.group_minor)."""
+    flags and record kind need, layout.group_minor)."""
     h = np.zeros(1, dtype=H)
     h["magic"] = layout.MAGIC
-    h["major"], h["minor"] = major, layout.group_minor(flags) if minor is None else minor
+    h["major"], h["minor"] = major, layout.group_minor(flags, kind.name) if minor is None else minor
     h["record_kind"] = kind.id
     h["header_size"] = layout.HEADER_SIZE
     h["record_size"] = kind.record_size if record_size is None else record_size

@@ -123,12 +123,14 @@ MAGIC: bytes = _SPEC["magic"].encode("latin-1")
 MAJOR: int = _SPEC["major"]
 MINOR: int = _SPEC["minor"]  # the newest minor this reader and its writers know
 MINOR_OF_FLAGS: dict[str, int] = _SPEC["minor_of_header_flags"]
+MINOR_OF_KINDS: dict[str, int] = _SPEC.get("minor_of_record_kinds", {})
 
 
-def group_minor(flags: int) -> int:
-    """The minor a group header carries: the lowest whose features the group uses (0 without any newer flag)."""
+def group_minor(flags: int, kind: str | None = None) -> int:
+    """The minor a group header carries: the lowest whose features the group uses (0 without any newer flag or
+    record kind)."""
     bits = _SPEC["enums"]["header_flags"]
-    return max([0] + [m for name, m in MINOR_OF_FLAGS.items() if flags & bits[name]])
+    return max([0, MINOR_OF_KINDS.get(kind, 0)] + [m for name, m in MINOR_OF_FLAGS.items() if flags & bits[name]])
 SUPPORTED_MAJORS: tuple[int, ...] = tuple(_SPEC["supported_majors"])
 HEADER_SIZE: int = _SPEC["header_size"]
 ALIGN: int = _SPEC["payload_alignment"]
@@ -172,6 +174,13 @@ def _check_spec() -> None:
 _check_spec()
 
 
+def _kind_minor_c() -> list[str]:
+    """``kvconv_kind_minor(kind)``: the minor a finished group of that record kind carries (C and C++)."""
+    cases = [f"    case {KINDS[k].id}: return {m}; /* {k} */" for k, m in MINOR_OF_KINDS.items()]
+    return ["static inline uint16_t kvconv_kind_minor(uint16_t kind) {", "  switch (kind) {", *cases,
+            "    default: return KVCONV_MINOR_BASE;", "  }", "}"]
+
+
 def c_header() -> str:
     """The C/C++/CUDA header for native/: structs, kind ids, enums, and static_asserts on every size and offset."""
     lines = [
@@ -193,6 +202,7 @@ def c_header() -> str:
         f"#define KVCONV_MINOR {MINOR} /* the newest minor; a group header carries the lowest it needs */",
         "#define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */",
         *[f"#define KVCONV_MINOR_{n.upper()} {m} /* a group with header flag {n} */" for n, m in MINOR_OF_FLAGS.items()],
+        *_kind_minor_c(),
         f"#define KVCONV_HEADER_SIZE {HEADER_SIZE}",
         f"#define KVCONV_PAYLOAD_ALIGN {ALIGN}",
         "",

@@ -13,9 +13,18 @@
 
 #define KVCONV_MAGIC "KVCDUMP" /* 8 bytes with the trailing NUL */
 #define KVCONV_MAJOR 1
-#define KVCONV_MINOR 1 /* the newest minor; a group header carries the lowest it needs */
+#define KVCONV_MINOR 2 /* the newest minor; a group header carries the lowest it needs */
 #define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */
 #define KVCONV_MINOR_LIVE 1 /* a group with header flag live */
+static inline uint16_t kvconv_kind_minor(uint16_t kind) {
+  switch (kind) {
+    case 10: return 2; /* cache */
+    case 11: return 2; /* slot_write */
+    case 12: return 2; /* write_step */
+    case 13: return 2; /* slot_map */
+    default: return KVCONV_MINOR_BASE;
+  }
+}
 #define KVCONV_HEADER_SIZE 64
 #define KVCONV_PAYLOAD_ALIGN 8
 
@@ -28,6 +37,10 @@
 #define KVCONV_KIND_EAGER_LAUNCH 7 /* record size 96 */
 #define KVCONV_KIND_CANARY 8 /* record size 64 */
 #define KVCONV_KIND_CANARY_PAGES 9 /* record size 4 */
+#define KVCONV_KIND_CACHE 10 /* record size 64 */
+#define KVCONV_KIND_SLOT_WRITE 11 /* record size 64 */
+#define KVCONV_KIND_WRITE_STEP 12 /* record size 32 */
+#define KVCONV_KIND_SLOT_MAP 13 /* record size 24 */
 
 #define KVCONV_CLOCK_DOMAIN_NONE 0
 #define KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC 1
@@ -53,6 +66,11 @@
 #define KVCONV_CANARY_FLAGS_SNAPSHOT_CHECKSUM 2
 
 #define KVCONV_HEADER_FLAGS_LIVE 1
+
+#define KVCONV_SLOT_WRITE_FLAGS_HAS_TAG 1
+#define KVCONV_SLOT_WRITE_FLAGS_OUTSIDE 2
+
+#define KVCONV_SLOT_MAP_FLAGS_PAD 1
 
 /* 64-byte header in front of every record group */
 typedef struct kvconv_header_t {
@@ -223,6 +241,84 @@ KVCONV_STATIC_ASSERT(offsetof(kvconv_canary_t, changed_first) == 48, "kvconv_can
 KVCONV_STATIC_ASSERT(offsetof(kvconv_canary_t, changed_count) == 52, "kvconv_canary_t.changed_count offset");
 KVCONV_STATIC_ASSERT(offsetof(kvconv_canary_t, excluded_first) == 56, "kvconv_canary_t.excluded_first offset");
 KVCONV_STATIC_ASSERT(offsetof(kvconv_canary_t, excluded_count) == 60, "kvconv_canary_t.excluded_count offset");
+
+/* a registered KV-cache tensor: slot s lies at base + s * slot_bytes; page = s // page_size, offset = s % page_size */
+typedef struct kvconv_cache_t {
+  uint64_t base; /* device address of slot 0 */
+  uint64_t size; /* bytes; the cache is [base, base + size) */
+  uint32_t slot_bytes; /* bytes from one slot (token) to the next */
+  uint32_t page_size; /* slots per page (block_size of the engine) */
+  uint32_t cache_id; /* id named by slot_write.cache_id (0..n-1 in registration order) */
+  uint32_t flags; /* 0 */
+  uint8_t name[32]; /* UTF-8 name, NUL-padded (truncated to 32 bytes) */
+} kvconv_cache_t;
+KVCONV_STATIC_ASSERT(sizeof(kvconv_cache_t) == 64, "kvconv_cache_t size");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, base) == 0, "kvconv_cache_t.base offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, size) == 8, "kvconv_cache_t.size offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, slot_bytes) == 16, "kvconv_cache_t.slot_bytes offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, page_size) == 20, "kvconv_cache_t.page_size offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, cache_id) == 24, "kvconv_cache_t.cache_id offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, flags) == 28, "kvconv_cache_t.flags offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_cache_t, name) == 32, "kvconv_cache_t.name offset");
+
+/* written on the device: the stores of one block of one target launch into one slot of a registered cache (or one 4 KiB granule outside every cache), aggregated */
+typedef struct kvconv_slot_write_t {
+  uint64_t gridid; /* %gridid of the launch (= host_launch.grid_id) */
+  uint64_t tag; /* per-replay tag (0 unless flags.has_tag; = host_launch.tag) */
+  uint64_t addr_lo; /* lowest byte address stored */
+  uint64_t addr_hi; /* one past the highest byte address stored */
+  uint32_t page; /* page of the slot (0xFFFFFFFF when flags.outside) */
+  uint32_t offset; /* slot offset in its page (0xFFFFFFFF when flags.outside) */
+  uint32_t cache_id; /* cache.cache_id (0xFFFFFFFF when flags.outside) */
+  uint32_t kernel_slot; /* stable kernel slot (kernel table) */
+  uint32_t block_x; /* blockIdx.x */
+  uint16_t block_y; /* blockIdx.y */
+  uint16_t block_z; /* blockIdx.z */
+  uint32_t stores; /* store instructions (per thread) aggregated into this record */
+  uint32_t flags;
+} kvconv_slot_write_t;
+KVCONV_STATIC_ASSERT(sizeof(kvconv_slot_write_t) == 64, "kvconv_slot_write_t size");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, gridid) == 0, "kvconv_slot_write_t.gridid offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, tag) == 8, "kvconv_slot_write_t.tag offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, addr_lo) == 16, "kvconv_slot_write_t.addr_lo offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, addr_hi) == 24, "kvconv_slot_write_t.addr_hi offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, page) == 32, "kvconv_slot_write_t.page offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, offset) == 36, "kvconv_slot_write_t.offset offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, cache_id) == 40, "kvconv_slot_write_t.cache_id offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, kernel_slot) == 44, "kvconv_slot_write_t.kernel_slot offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, block_x) == 48, "kvconv_slot_write_t.block_x offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, block_y) == 52, "kvconv_slot_write_t.block_y offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, block_z) == 54, "kvconv_slot_write_t.block_z offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, stores) == 56, "kvconv_slot_write_t.stores offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, flags) == 60, "kvconv_slot_write_t.flags offset");
+
+/* one step of the engine (a graph replay, say): the target launches whose host record's host_ns lies in [begin_ns, end_ns] belong to it */
+typedef struct kvconv_write_step_t {
+  uint64_t step; /* step number given by the probe */
+  uint64_t begin_ns; /* CLOCK_MONOTONIC ns before the step's launches */
+  uint64_t end_ns; /* CLOCK_MONOTONIC ns after them */
+  uint32_t map_first; /* index of the step's first slot_map record */
+  uint32_t map_count; /* tokens of the step */
+} kvconv_write_step_t;
+KVCONV_STATIC_ASSERT(sizeof(kvconv_write_step_t) == 32, "kvconv_write_step_t size");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_write_step_t, step) == 0, "kvconv_write_step_t.step offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_write_step_t, begin_ns) == 8, "kvconv_write_step_t.begin_ns offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_write_step_t, end_ns) == 16, "kvconv_write_step_t.end_ns offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_write_step_t, map_first) == 24, "kvconv_write_step_t.map_first offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_write_step_t, map_count) == 28, "kvconv_write_step_t.map_count offset");
+
+/* one token of a step: the slot the engine maps it to and the request it belongs to */
+typedef struct kvconv_slot_map_t {
+  int64_t slot; /* global slot (page * page_size + offset); negative: a padding slot id (-1) */
+  uint64_t request_id; /* the engine's request id (0: none) */
+  uint32_t token; /* token index within the step */
+  uint32_t flags; /* pad: a padding row of the batch (its slot must not be written) */
+} kvconv_slot_map_t;
+KVCONV_STATIC_ASSERT(sizeof(kvconv_slot_map_t) == 24, "kvconv_slot_map_t size");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, slot) == 0, "kvconv_slot_map_t.slot offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, request_id) == 8, "kvconv_slot_map_t.request_id offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, token) == 16, "kvconv_slot_map_t.token offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, flags) == 20, "kvconv_slot_map_t.flags offset");
 
 typedef struct kvconv_canary_page_t {
   uint32_t page;

@@ -32,7 +32,7 @@ kvconv_header_t make_header(const GroupSpec& g, uint32_t payload_crc32) {
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, KVCONV_MAGIC, 8);  // 7 chars + NUL
   h.major = KVCONV_MAJOR;
-  h.minor = KVCONV_MINOR_BASE;  // finished groups use no newer feature: 1.0
+  h.minor = kvconv_kind_minor(g.kind);  // finished groups: 1.0 unless their kind is newer (layouts.json)
   h.record_kind = g.kind;
   h.header_size = KVCONV_HEADER_SIZE;
   h.record_size = g.record_size;
