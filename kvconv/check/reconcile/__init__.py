@@ -50,6 +50,7 @@ from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
 from kvconv.check.reconcile._notes import Notes
 from kvconv.check.reconcile.count import check_ordered_against_gridid, count_blocks
+from kvconv.check.reconcile.durations import LaunchDurations, section as durations_section
 from kvconv.check.reconcile.events import SEQ_LIMIT, load_drops, load_events
 from kvconv.check.reconcile.exact import JOIN_EXACT, JOIN_NONE, JOIN_ORDERED, ExactJoin, Match, explain_unmatched, join_exact
 from kvconv.check.reconcile.graphs import device_side, host_graphs
@@ -226,6 +227,8 @@ class Reconciler:
         nh = int((~t.upload).sum())
         s = ContextStream(t, ExactJoin(t) if nh and self.options.join != "ordered" else None, ctx=ctx,
                           n_events=self.n_events(ctx), tables=self.tables)
+        if s.xj is not None:
+            s.dur = LaunchDurations(t, s.xj, enters=False)  # the entries: the tally's earliest per launch
         if self.options.join == "ordered":
             s.stop()  # the ordered join needs the events in memory: the pass only counts them
         self._streams[ctx] = s
@@ -367,6 +370,9 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
            "graph_execs": graph_reports}
     if j.mode == "ordered" and j.ordered is not None:
         rep["ordered"] = dict(j.ordered.info)
+    dur = stream.dur if stream is not None else None
+    if dur is not None and dur.n_exit and j.mode == "exact":  # only dumps with block exits
+        rep["durations"] = durations_section(t, dur.finish(start_ns=tally.tmin), names)
     mt = lt = None
     if tables:
         mt = s.matches if s is not None else match_table(ctx, n_all, ev, t, j.match)

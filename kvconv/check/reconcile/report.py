@@ -12,6 +12,7 @@ import numpy as np
 
 from kvconv.check.reconcile._notes import plural as _n
 from kvconv.check.reconcile._notes import ranges as _ranges
+from kvconv.check.reconcile.durations import lines as duration_lines
 from kvconv.check.reconcile.exact import Match
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, kind_name, launch_name
 
@@ -282,5 +283,7 @@ def context_lines(path: str, c: dict) -> list[str]:
                 ri = ht["replay_start_interval_ns"]
                 line += f"; replay start to next {_ms(ri['min'])} .. {_ms(ri['max'])}"
             out.append(line)
+    if c.get("durations"):
+        out.extend(duration_lines(c["durations"]))
     out.append(f"  {ag['line']}")
     return out

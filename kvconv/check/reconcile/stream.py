@@ -38,6 +38,7 @@ class ContextStream:
         self.parts: list[Unmatched] = []
         self.un_events: list = []  # tables: (device indices, gridid, tag) of unmatched events carrying a gridid
         self.matches = None
+        self.dur = None  # durations.LaunchDurations: block exits, per launch (Reconciler.stream sets it)
         if tables:
             self.matches = np.empty(n_events, MATCH_DTYPE)
             self.matches["context_id"] = ctx
@@ -47,6 +48,8 @@ class ContextStream:
     def feed(self, base: int, recs: np.ndarray) -> None:
         """The next chunk of the context's device events (``base``: the index of ``recs[0]``)."""
         self.n_all += len(recs)
+        if self.dur is not None:  # exits and block pairs: order-independent, kept when the pass gives up
+            self.dur.feed(base, recs)
         if not self.in_order or not len(recs):
             return
         kind = recs["kind"]
@@ -125,7 +128,7 @@ class ContextStream:
     def release(self) -> None:
         """The context is reconciled: its per-row state goes now, whoever still holds this stream (the caller's
         loop variable would otherwise keep one context's table alive while the next one's is built)."""
-        self.t = self.xj = self.b = self.replay = self.ordinal = None
+        self.t = self.xj = self.b = self.replay = self.ordinal = self.dur = None
         self.parts, self.un_events, self.matches = [], [], None
 
     def _give_up(self) -> None:
