@@ -152,13 +152,15 @@ def protobuf_line() -> str:
 def encode_only_perfetto(src: Path, reps: int):
     """The device-event packets of the whole dump (the bulk of the trace), without opening, joining, the first pass,
     the other packets or the file write: best seconds."""
-    from kvconv.emit._source import first_pass, open_contexts
-    from kvconv.emit.perfetto import _Plan
+    from kvconv.emit._contexts import open_contexts
+    from kvconv.emit._first_pass import first_pass
+    from kvconv.emit.perfetto import _Packets
+    from kvconv.emit.plan import Plan
 
     opt = EmitOptions(progress=False)
     dumps, ctxs = open_contexts([str(src)], opt, lambda m: None)
     try:
-        pl = [_Plan(c, first_pass(c, opt), opt) for c in ctxs]
+        pl = [_Packets(Plan(c, first_pass(c, opt), opt)) for c in ctxs]
 
         def go():
             for p in pl:
@@ -173,14 +175,15 @@ def encode_only_perfetto(src: Path, reps: int):
 
 def encode_only_chrome(src: Path, reps: int):
     """The device-event lines (block slices and flow ends) of the whole dump, without the file write."""
-    from kvconv.emit._source import first_pass, open_contexts
+    from kvconv.emit._contexts import open_contexts
+    from kvconv.emit._first_pass import first_pass
     from kvconv.emit.chrome import _Chrome
-    from kvconv.emit.perfetto import _Plan
+    from kvconv.emit.plan import Plan
 
     opt = EmitOptions(progress=False)
     dumps, ctxs = open_contexts([str(src)], opt, lambda m: None)
     try:
-        ch = [_Chrome(_Plan(c, first_pass(c, opt), opt)) for c in ctxs]
+        ch = [_Chrome(Plan(c, first_pass(c, opt), opt)) for c in ctxs]
 
         def go():
             for x in ch:
@@ -259,7 +262,7 @@ def run(a, scratch: Path) -> None:
         ctx_pairs = d.records("clock_sync")
     blocks = {e["args"]["seq"]: e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "block"}
     # ours places device times on the host timeline; compare everything else, and ts through the pairs
-    from kvconv.emit._source import Clock
+    from kvconv.clock import Clock
 
     ck = Clock(np.sort(ctx_pairs, order="gpu_ns"))
     host_ts = ck.to_host(ev["globaltimer"][:nb])

@@ -217,7 +217,7 @@ def test_perfetto_device_packets_equal_reference(pair_trace):
 
 
 def test_lanes_lowest_free_lane():
-    from kvconv.emit.perfetto import _lanes
+    from kvconv.emit.plan import lanes as _lanes
 
     def naive(st, en):  # each slice (by start, then end) on the first lane whose last slice ended before it starts
         order = np.lexsort((en, st))
@@ -269,7 +269,7 @@ JOIN_DUMPS = sorted(p for pat in ("h200-*/*.kvdump", "synthetic-multi/*.kvdump",
 def test_exact_join_equals_reconcile(path):
     """The emitters' vectorised exact join gives kvconv.check.reconcile's exact-join matches and node ordinals."""
     from kvconv.check import reconcile
-    from kvconv.emit._source import open_contexts
+    from kvconv.emit._contexts import open_contexts
 
     dumps, ctxs = open_contexts([path], EmitOptions(reconcile="never"), lambda m: None)
     try:
@@ -466,7 +466,7 @@ def test_background_writer_order_limit_and_errors():
     import io
     import threading
 
-    from kvconv.emit._source import BackgroundWriter
+    from kvconv.emit._writer import BackgroundWriter
 
     f = io.BytesIO()
     with BackgroundWriter(f, limit=10) as w:

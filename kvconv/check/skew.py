@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kvconv.format import dump as dumpmod
-from kvconv.emit._source import Clock
+from kvconv.clock import Clock
 
 
 def _member_clocks(path) -> tuple[str | None, dict[int, Clock]]:

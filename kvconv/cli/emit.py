@@ -1,4 +1,6 @@
-"""``kvconv perfetto | chrome | arrow``: convert dumps for trace viewers and data tools.
+"""``kvconv perfetto | chrome | arrow``: convert dumps for trace viewers and data tools, one command per output
+format of :mod:`kvconv.emit.registry` (a new format registered there gets its command here, with the options every
+format takes and those of its kind: --window/--replays/--flows for traces, --format/--compression for tables).
 
     $ kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace        # open in ui.perfetto.dev
     $ kvconv chrome run.kvdump -o run.json                           # chrome://tracing, Perfetto
@@ -9,6 +11,7 @@ Heavy imports (perfetto protos, pyarrow) happen inside the commands.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -16,6 +19,7 @@ from typing import List, Optional
 import typer
 
 from kvconv.cli.common import FORCE, QUIET, SALVAGE, output_option, renamed
+from kvconv.emit.registry import FORMATS, Format
 
 
 # --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
@@ -23,9 +27,9 @@ from kvconv.cli.common import FORCE, QUIET, SALVAGE, output_option, renamed
 _JOINS = {"auto": "auto", "exact": "never", "reconcile": "always", "always": "always", "never": "never"}
 
 
-def _options(window, replays, flows, reconcile, chunk, progress, **kw):
+def _options(window=None, replays=None, flows=0, reconcile="auto", chunk=1 << 18, progress=None, **kw):
     from kvconv.emit import EmitOptions
-    from kvconv.emit._source import parse_range
+    from kvconv.emit.options import parse_range
     from kvconv.format.errors import UsageError
 
     if reconcile not in _JOINS:
@@ -80,82 +84,42 @@ _QUIET = QUIET
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    @renamed(out="--out", reconcile="--reconcile")
-    def perfetto(
-        dumps: List[Path] = _DUMPS,
-        out: str = output_option("output .pftrace (- for stdout)"),
-        window: Optional[str] = _WINDOW,
-        replays: Optional[str] = _REPLAYS,
-        flows: int = _FLOWS,
-        reconcile: str = _RECONCILE,
-        chunk: int = _CHUNK,
-        progress: Optional[bool] = _PROGRESS,
-        salvage: bool = _SALVAGE,
-        force: bool = FORCE,
-        quiet: bool = _QUIET,
-    ) -> None:
-        """Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.
+_FMT = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet")
+_COMPRESSION = typer.Option("none", "--compression", help="none, lz4 or zstd")
 
-        Example: kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace
-        """
-        from kvconv.emit.perfetto import write_perfetto
 
-        res = write_perfetto(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
-                                                           False if quiet else progress,
-                                                           salvage=salvage, force=force))
-        _report(res, quiet)
+def _parameters(fmt: Format) -> list[inspect.Parameter]:
+    """The options of ``kvconv <fmt.name>``, in the order --help lists them."""
+    opts = [("dumps", List[Path], _DUMPS), ("out", str, output_option(fmt.output))]
+    if fmt.trace:
+        opts += [("window", Optional[str], _WINDOW), ("replays", Optional[str], _REPLAYS), ("flows", int, _FLOWS)]
+    if fmt.tables:
+        opts += [("fmt", str, _FMT), ("compression", str, _COMPRESSION)]
+    opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", Optional[bool], _PROGRESS),
+             ("salvage", bool, _SALVAGE), ("force", bool, FORCE), ("quiet", bool, _QUIET)]
+    return [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a) for n, a, d in opts]
 
-    @app.command()
-    @renamed(out="--out", reconcile="--reconcile")
-    def chrome(
-        dumps: List[Path] = _DUMPS,
-        out: str = output_option("output .json (- for stdout)"),
-        window: Optional[str] = _WINDOW,
-        replays: Optional[str] = _REPLAYS,
-        flows: int = _FLOWS,
-        reconcile: str = _RECONCILE,
-        chunk: int = _CHUNK,
-        progress: Optional[bool] = _PROGRESS,
-        salvage: bool = _SALVAGE,
-        force: bool = FORCE,
-        quiet: bool = _QUIET,
-    ) -> None:
-        """Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.
 
-        Example: kvconv chrome run.kvdump -o run.json --replays 1:3
-        """
-        from kvconv.emit.chrome import write_chrome
+def command(fmt: Format):
+    """The ``kvconv <fmt.name>`` command of a registered output format (its help ends in the format's example)."""
 
-        res = write_chrome(dumps, out, options=_options(window, replays, flows, reconcile, chunk,
-                                                           False if quiet else progress,
-                                                           salvage=salvage, force=force))
-        _report(res, quiet)
+    def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, fmt_=fmt, **kind) -> None:
+        extra = {}
+        if fmt_.tables:
+            compression = kind.pop("compression")
+            extra = {"arrow_format": kind.pop("fmt"), "compression": None if compression == "none" else compression}
+        opts = _options(reconcile=reconcile, chunk=chunk, progress=False if quiet else progress, salvage=salvage,
+                        force=force, **kind, **extra)
+        _report(fmt_.write(dumps, out, options=opts), quiet)
 
-    @app.command()
-    @renamed(out="--out", reconcile="--reconcile")
-    def arrow(
-        dumps: List[Path] = _DUMPS,
-        out: str = output_option("output folder (a partitioned dataset)"),
-        fmt: str = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet"),
-        compression: str = typer.Option("none", "--compression", help="none, lz4 or zstd"),
-        reconcile: str = _RECONCILE,
-        chunk: int = _CHUNK,
-        progress: Optional[bool] = _PROGRESS,
-        salvage: bool = _SALVAGE,
-        force: bool = FORCE,
-        quiet: bool = _QUIET,
-    ) -> None:
-        """Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and
-        device.
+    params = _parameters(fmt)
+    run.__signature__ = inspect.Signature(params)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    run.__name__ = run.__qualname__ = fmt.name
+    run.__doc__ = f"{fmt.summary}\n\nExample: {fmt.example}"
+    return renamed(out="--out", reconcile="--reconcile")(run)
 
-        Example: kvconv arrow runs/*.kvdump -o tables/ --format parquet
-        """
-        from kvconv.emit.arrow import write_arrow
 
-        opts = _options(None, None, 0, reconcile, chunk, False if quiet else progress, arrow_format=fmt,
-                        salvage=salvage, force=force,
-                        compression=None if compression == "none" else compression)
-        res = write_arrow(dumps, out, options=opts)
-        _report(res, quiet)
+app = typer.Typer()
+for _fmt in FORMATS.values():  # module-level commands, one per registered format
+    globals()[_fmt.name] = app.command(_fmt.name)(command(_fmt))

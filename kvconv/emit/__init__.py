@@ -11,7 +11,7 @@ imported only by the emitter that needs them.
 
 from __future__ import annotations
 
-from kvconv.emit._source import EmitOptions, EmitResult
+from kvconv.emit.options import EmitOptions, EmitResult
 
 
 def write_perfetto(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:

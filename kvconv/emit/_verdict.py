@@ -18,7 +18,8 @@ from collections import Counter
 
 import numpy as np
 
-from kvconv.emit._source import GRAPH_NODE, EmitOptions
+from kvconv.emit._stream import GRAPH_NODE
+from kvconv.emit.options import EmitOptions
 
 
 def warn_empty(ctxs: list, aggs: list, options: EmitOptions, warn) -> None:

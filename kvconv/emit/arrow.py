@@ -32,7 +32,9 @@ import numpy as np
 from kvconv.format import layout
 from kvconv._workers import worker
 from kvconv.format.dump import release_pages
-from kvconv.emit._source import RELEASE_BYTES, SLICE, EmitOptions, EmitResult, emit_run
+from kvconv.emit._contexts import emit_run
+from kvconv.emit._stream import RELEASE_BYTES, SLICE
+from kvconv.emit.options import EmitOptions, EmitResult
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
 #               11.7 at 8192)
@@ -156,7 +158,7 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
 def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: EmitResult) -> None:
     t_start = time.perf_counter()
     ctx = c.context_id
-    align = {"run": c.run, "dump": c.label, "context_id": ctx, "device_id": c.device_id, **c.clock.bound()}
+    align = c.alignment()
     res.alignment.append(align)
     res.join.append(c.join)
     base_meta = {

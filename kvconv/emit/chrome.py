@@ -18,11 +18,16 @@ import json
 
 import numpy as np
 
-from kvconv.format import layout
+from kvconv.check.reconcile.launches import short_name
 from kvconv.emit import _text as t
-from kvconv.emit._source import (SLICE, BackgroundWriter, EmitOptions, EmitResult, emit_run, first_pass, flow_id,
-                      release_join)
-from kvconv.emit.perfetto import CanarySteps, _Plan, _short, canaries
+from kvconv.emit._canary import CanarySteps, canaries
+from kvconv.emit._contexts import emit_run, release_join
+from kvconv.emit._first_pass import first_pass, flow_id
+from kvconv.emit._stream import SLICE
+from kvconv.emit._writer import BackgroundWriter
+from kvconv.emit.options import EmitOptions, EmitResult
+from kvconv.emit.plan import Plan
+from kvconv.format import layout
 
 EST_EVENT_BYTES = 130
 BLOCK_EXIT = layout.ENUMS["event_kind"]["block_exit"]
@@ -39,18 +44,21 @@ def _ms_to_ns(ms: np.ndarray) -> np.ndarray:
 
 
 class _Chrome:
-    def __init__(self, pl: _Plan) -> None:
+    """The Chrome trace events of one context's :class:`Plan`: the context is a process, its tracks threads (thread
+    ids: the plan's local track ids)."""
+
+    def __init__(self, pl: Plan) -> None:
         self.pl = pl
         self.c = pl.c
         self.pid = pl.c.serial + 1
-        self.base = pl.u.base
 
-    def tid(self, uuid) -> np.ndarray | int:
-        return uuid - self.base if np.isscalar(uuid) else (np.asarray(uuid, np.int64) - self.base)
+    @staticmethod
+    def tid(local) -> np.ndarray | int:
+        return local if np.isscalar(local) else np.asarray(local).astype(np.int64)
 
     def meta(self):
         """The metadata, canary and clock-sync lines (yielded)."""
-        pl, c, u = self.pl, self.c, self.pl.u
+        pl, c, u = self.pl, self.c, self.pl.tracks
         b = c.clock.bound()
         out = []
 
@@ -70,21 +78,21 @@ class _Chrome:
             ev({"ph": "M", "pid": self.pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": rank[0]}})
             rank[0] += 1
 
-        for j, e in enumerate(pl.execs):
-            for ln in range(pl.replay_lanes.get(j, 0)):
+        for j, e, n_replay, n_node in pl.exec_tracks():
+            for ln in range(n_replay):
                 thread(u.exec_replays(j, ln), f"graph exec {e:#x} · replays" + (f" ({ln + 1})" if ln else ""))
-            for ln in range(pl.node_lanes.get(j, 0)):
+            for ln in range(n_node):
                 thread(u.exec_nodes(j, ln), f"graph exec {e:#x} · nodes" + (f" ({ln + 1})" if ln else ""))
             thread(u.exec_host(j), f"graph exec {e:#x} · host node launches")
         for i, s in enumerate(pl.streams):
             thread(u.stream(i), f"eager launches · stream {s:#x}")
-        for s in np.flatnonzero(pl.agg.sm_count).tolist():
+        for s in pl.used_sms():
             thread(u.sm(s), f"SM {s}")
         if pl.canary:
-            thread(u.canary, "canary")
+            thread(u.CANARY, "canary")
             for step, buf, host_ns, n in pl.canary.rows():
                 bad = n[2] + n[3]
-                ev({"ph": "i", "s": "t", "pid": self.pid, "tid": int(self.tid(u.canary)), "ts": host_ns / 1000,
+                ev({"ph": "i", "s": "t", "pid": self.pid, "tid": int(self.tid(u.CANARY)), "ts": host_ns / 1000,
                     "name": f"step {step} {buf}: " + ("ok" if not bad else f"{bad} pages off"),
                     "args": dict(zip(CanarySteps.LISTS, n))})
                 if len(out) >= 4096:  # a few lines held at a time
@@ -134,19 +142,12 @@ class _Chrome:
                 t.lit(',"ts":'), t.ts_us(h.host_ns[r[ri]]), t.lit(',"id":'), t.uint(flow_id(c, fd[ri, ki])),
                 t.lit(',"name":"launch","cat":"flow"}')], b - a)
 
-    def host_flows(self) -> int:
-        f = self.pl.agg.flows
-        return int(f.counts(self.pl.host_rows).sum()) if f.K else 0
-
     def slices(self):
         """Node executions and replays as "X" events (yielded, ``t.SLICE`` lines at a time)."""
-        pl, c, agg, u, h = self.pl, self.c, self.pl.agg, self.pl.u, self.c.host
+        pl, c, agg, u, h = self.pl, self.c, self.pl.agg, self.pl.tracks, self.c.host
         rows = pl.node_rows
         if len(rows):
-            inv = {v: k for k, v in pl.dev_names.iid.items()}
-            nm_arr, nid = np.unique(pl.node_name_iid, return_inverse=True)
-            nid = nid.reshape(-1)
-            names = [_j(inv[v]) for v in nm_arr.tolist()]
+            nid, names = pl.node_name_ix, [_j(n) for n in pl.node_names]
             for a in range(0, len(rows), t.SLICE):
                 r, s = rows[a : a + t.SLICE], slice(a, a + t.SLICE)
                 st = agg.first_ts[r]
@@ -197,20 +198,20 @@ class _Chrome:
         pl, c = self.pl, self.c
         n = len(recs)
         ts = c.clock.to_host(recs["globaltimer"])
-        tid = recs["smid"].astype(np.int64) + int(self.tid(pl.u.sm(0)))
+        tid = recs["smid"].astype(np.int64) + pl.tracks.sm(0)
         slot = recs["kernel_slot"]
         kmin, kmax = int(slot.min()), int(slot.max())
         ex = recs["kind"] == BLOCK_EXIT
         if not ex.any():
             if kmin == kmax:
-                nid, strings = np.zeros(n, np.int64), [_j(_short(c.kernel_name(kmin)))]
+                nid, strings = np.zeros(n, np.int64), [_j(short_name(c.kernel_name(kmin)))]
             else:
                 us, nid = np.unique(slot, return_inverse=True)
-                strings = [_j(_short(c.kernel_name(s))) for s in us.tolist()]
+                strings = [_j(short_name(c.kernel_name(s))) for s in us.tolist()]
         else:
             # block-exit events are instants like the entries (no durations are paired yet): named apart
             us, nid = np.unique(slot.astype(np.int64) * 2 + ex, return_inverse=True)
-            strings = [_j(_short(c.kernel_name(k >> 1)) + (EXIT_SUFFIX if k & 1 else "")) for k in us.tolist()]
+            strings = [_j(short_name(c.kernel_name(k >> 1)) + (EXIT_SUFFIX if k & 1 else "")) for k in us.tolist()]
         parts = t.render_parts([
             t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(ts),
             t.lit(',"dur":0,"name":'), t.choice(nid.reshape(-1), strings), t.lit(',"cat":"block","args":{"block":['),
@@ -243,9 +244,9 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
                  "FIRST:LAST, or the Perfetto format")
-        plans = [_Chrome(_Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
+        plans = [_Chrome(Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
         other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
-                 "dump's clock-sync pairs", "alignment": [_align(c) for c in ctxs]}
+                 "dump's clock-sync pairs", "alignment": [c.alignment() for c in ctxs]}
         head = {"displayTimeUnit": "ns", "otherData": other}
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
@@ -259,7 +260,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             for ch in plans:
                 for b in ch.host():
                     f.write(b)
-                res.flows += ch.host_flows()
+                res.flows += ch.pl.host_flows()
                 for b in ch.slices():
                     f.write(b)
                 for b in ch.counters():
@@ -272,9 +273,6 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             f.write(b"\n]}\n")
             f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
             res.bytes_written = raw.tell()
-        res.alignment = [_align(c) for c in ctxs]
+        res.alignment = [c.alignment() for c in ctxs]
     return res
 
-
-def _align(c) -> dict:
-    return {"dump": c.label, "run": c.run, "context_id": c.context_id, "device_id": c.device_id, **c.clock.bound()}

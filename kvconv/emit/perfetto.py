@@ -22,15 +22,16 @@ the few dozen descriptor / interning / snapshot packets use perfetto's own proto
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass
-
 import numpy as np
 
-from kvconv.format.errors import OutputError
 from kvconv.emit import _wire as w
-from kvconv.emit._source import (EAGER, GRAPH_NODE, SLICE, BackgroundWriter, Ctx, EmitOptions, EmitResult, emit_run, event_keep,
-                      first_pass, flow_id, release_join, unique_pairs)
+from kvconv.emit._canary import CanarySteps, canaries
+from kvconv.emit._contexts import emit_run, release_join
+from kvconv.emit._first_pass import first_pass, flow_id
+from kvconv.emit._stream import GRAPH_NODE, SLICE
+from kvconv.emit._writer import BackgroundWriter
+from kvconv.emit.options import EmitOptions, EmitResult
+from kvconv.emit.plan import SPAN, Plan
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
@@ -54,83 +55,6 @@ def frame(packet: bytes) -> bytes:
     return b"\x0a" + w.varint_bytes(len(packet)) + packet
 
 
-class _Uuids:
-    def __init__(self, c: Ctx) -> None:
-        self.base = (c.serial + 1) << 24
-        self.root = self.base + 1
-        self.blocks = self.base + 2
-        self.rate = self.base + 3
-        self.drops = self.base + 4
-        self.host_drops = self.base + 5
-        self.canary = self.base + 6
-
-    def stream(self, i: int) -> int:
-        return self.base + 0x100 + i
-
-    def sm(self, smid) -> int:
-        return self.base + 0x10000 + smid
-
-    def exec_group(self, j: int) -> int:
-        return self.base + 0x20000 + 2 * j
-
-    def exec_host(self, j: int) -> int:
-        return self.exec_group(j) + 1
-
-    def place_lanes(self, replay_lanes: list[int], node_lanes: list[int]) -> None:
-        """Give each graph exec's replay and node lanes their uuids, after every exec's group and host track (as
-        many lanes as overlapping slices need, none shared with another exec)."""
-        n = len(replay_lanes)
-        sizes = np.array([x for pair in zip(replay_lanes, node_lanes) for x in pair], np.int64)
-        starts = self.exec_group(n) + np.concatenate([[0], np.cumsum(sizes)[:-1]]) if n else np.zeros(0, np.int64)
-        self.replay0 = starts[0::2].astype(np.uint64)
-        self.node0 = starts[1::2].astype(np.uint64)
-        if n and int(starts[-1] + sizes[-1]) >= self.base + (1 << 24):
-            raise OutputError(f"context {self.base >> 24}: too many tracks ({int(sizes.sum()):,} lanes)",
-                              hint="narrow the trace with --window or --replays", code="too-many-tracks")
-
-    def exec_replays(self, j, lane):
-        """The replay lane's uuid (vectorised over ``j`` and ``lane`` arrays)."""
-        return _lane_uuid(self.replay0, j, lane)
-
-    def exec_nodes(self, j, lane):
-        """The node lane's uuid (vectorised over ``j`` and ``lane`` arrays)."""
-        return _lane_uuid(self.node0, j, lane)
-
-
-def _lane_uuid(first: np.ndarray, j, lane):
-    if np.isscalar(j):
-        return int(first[j]) + int(lane)
-    return first[j] + np.asarray(lane).astype(np.uint64)
-
-
-def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Greedy lanes so that slices on one lane never overlap (strictly: the next starts after the previous ends)."""
-    n = len(start)
-    lane = np.zeros(n, np.int64)
-    if n <= 1:
-        return lane
-    order = np.lexsort((end, start))
-    s, e = start[order], end[order]
-    if bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
-        return lane
-    # each slice takes the lowest-numbered lane whose last slice ended before it starts (heaps: O(n log n))
-    busy: list = []  # (end, lane) of lanes in use
-    free: list = []  # lanes whose last slice has ended
-    nlanes = 0
-    out = np.zeros(n, np.int64)
-    for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
-        while busy and busy[0][0] < si:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        if free:
-            j = heapq.heappop(free)
-        else:
-            j, nlanes = nlanes, nlanes + 1
-        out[k] = j
-        heapq.heappush(busy, (ei, j))
-    lane[order] = out
-    return lane
-
-
 class _Names:
     """Interned event names of one sequence (iids from 1, in order of first use)."""
 
@@ -143,106 +67,76 @@ class _Names:
         return self.iid[name]
 
 
-def _short(name: str) -> str:
-    """A kernel's readable name: the function without template arguments and parameters."""
-    s = name
-    p = s.find("(")
-    if p > 0:
-        s = s[:p]
-    depth, out = 0, []
-    for ch in s:
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth = max(0, depth - 1)
-        elif depth == 0:
-            out.append(ch)
-    s = "".join(out).strip()
-    if s.startswith("void "):
-        s = s[5:]
-    return s.split("::")[-1] or name
+class _Uuids:
+    """Track uuids of a context: its plan's local track ids in the context's own range of uuids."""
+
+    def __init__(self, plan: Plan) -> None:
+        t = self.t = plan.tracks
+        self.base = (plan.c.serial + 1) * SPAN
+        b = self.base
+        self.root, self.blocks, self.rate = b + t.ROOT, b + t.BLOCKS, b + t.RATE
+        self.drops, self.host_drops, self.canary = b + t.DROPS, b + t.HOST_DROPS, b + t.CANARY
+
+    def __call__(self, local):
+        """The uuid of a local track id (or of an array of them)."""
+        return self.base + local if np.isscalar(local) else np.uint64(self.base) + np.asarray(local, np.uint64)
+
+    def stream(self, i):
+        return self.base + self.t.stream(i)
+
+    def sm(self, smid):
+        return self.base + self.t.sm(smid)
+
+    def exec_group(self, j):
+        return self.base + self.t.exec_group(j)
+
+    def exec_host(self, j):
+        return self.base + self.t.exec_host(j)
+
+    def exec_replays(self, j, lane):
+        return self(self.t.exec_replays(j, lane))
+
+    def exec_nodes(self, j, lane):
+        return self(self.t.exec_nodes(j, lane))
 
 
-class _Plan:
-    """Everything of one context decided before its packets are written."""
+class _Packets:
+    """The Perfetto packets of one context's :class:`Plan`: its sequences, interned names and track uuids."""
 
-    def __init__(self, c: Ctx, agg, options: EmitOptions, canary: "CanarySteps | None" = None) -> None:
-        self.c, self.agg, self.opt = c, agg, options
-        self.u = _Uuids(c)
-        self.dev_seq = 2 + 2 * c.serial
-        self.host_seq = 3 + 2 * c.serial
+    def __init__(self, plan: Plan) -> None:
+        self.plan, self.c, self.agg, self.opt = plan, plan.c, plan.agg, plan.opt
+        self.u = _Uuids(plan)
+        self.dev_seq = 2 + 2 * self.c.serial
+        self.host_seq = 3 + 2 * self.c.serial
         self.dev_names = _Names()
         self.host_names = _Names()
-        h = c.host
-        # kernel slot -> device name iid (dense lookup table)
-        slots = agg.slots
+        self.host_rows, self.canary = plan.host_rows, plan.canary
+        self._intern()
+
+    def _intern(self) -> None:
+        """Interned names, in the order of first use: device-event kernels, node names, replay names; host kernels."""
+        c, h, pl = self.c, self.c.host, self.plan
+        slots = self.agg.slots
         hi = int(max(slots.max() if len(slots) else 0, h.kernel_slot.max() if h.n else 0)) + 1
         self.slot_lut = None
-        if hi <= (1 << 22):
+        if hi <= (1 << 22):  # kernel slot -> device name iid (dense lookup table)
             self.slot_lut = np.zeros(hi, np.uint64)
             for s in slots.tolist():
                 self.slot_lut[s] = self.dev_names(c.kernel_name(s))
         else:
             self.slot_map = {s: self.dev_names(c.kernel_name(s)) for s in slots.tolist()}
-        # graph execs and streams of shown host records
-        shown = h.shown & agg.kept_hosts
-        self.shown = shown
-        gn = shown & (h.kind == GRAPH_NODE)
-        self.execs = np.unique(h.graph_exec[gn]).tolist()
-        self.exec_ix = {e: j for j, e in enumerate(self.execs)}
-        el = shown & (h.kind == EAGER)
-        self.streams = np.unique(h.stream[el]).tolist()
-        self.stream_ix = {s: j for j, s in enumerate(self.streams)}
-        # node slices: graph-node rows with matched events
-        rows = np.flatnonzero(gn & (agg.count > 0))
-        self.node_rows = rows
-        self.node_lane = np.zeros(len(rows), np.int64)
-        ex_of = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows]).astype(np.int64)
-        self.node_exec = ex_of
-        for j in range(len(self.execs)):
-            sel = np.flatnonzero(ex_of == j)
-            self.node_lane[sel] = _lanes(agg.first_ts[rows[sel]], agg.last_ts[rows[sel]])
-        self.node_lanes = {j: int(self.node_lane[ex_of == j].max()) + 1 if (ex_of == j).any() else 0
-                           for j in range(len(self.execs))}
-        # replay slices per (exec, launch id)
-        self.replays = []  # (exec j, replay, start, end)
-        self.replay_exec = np.zeros(0, np.int64)  # exec j of each replay
-        st = en = np.zeros(0, np.uint64)
-        if len(rows):
-            lid = h.launch_id[rows].astype(np.uint64)  # replay ids are u64 (kept so: a huge one is not negative)
-            _, firsts, inv = unique_pairs(ex_of, lid)
-            st = np.full(len(firsts), np.iinfo(np.uint64).max, np.uint64)
-            en = np.zeros(len(firsts), np.uint64)
-            np.minimum.at(st, inv, agg.first_ts[rows])
-            np.maximum.at(en, inv, agg.last_ts[rows])
-            self.replays = list(zip(ex_of[firsts].tolist(), lid[firsts].tolist(), st.tolist(), en.tolist()))
-            self.replay_exec = ex_of[firsts]
-        self.replay_lane = np.zeros(len(self.replays), np.int64)
-        self.replay_lanes = {}
-        for j in range(len(self.execs)):
-            sel = np.flatnonzero(self.replay_exec == j)
-            if len(sel):
-                self.replay_lane[sel] = _lanes(st[sel], en[sel])
-                self.replay_lanes[j] = int(self.replay_lane[sel].max()) + 1
-        self.u.place_lanes([self.replay_lanes.get(j, 0) for j in range(len(self.execs))],
-                           [self.node_lanes[j] for j in range(len(self.execs))])
-        self.node_name_iid = np.zeros(len(rows), np.uint64)
-        if len(rows):
-            po, ps = h.node_ordinal[rows].astype(np.int64), h.kernel_slot[rows].astype(np.int64)
-            _, firsts, inv = unique_pairs(po, ps)
-            up = np.stack([po[firsts], ps[firsts]], 1)
-            short = {s: _short(c.kernel_name(s)) for s in np.unique(up[:, 1]).tolist()}
-            iids = np.array([self.dev_names(f"node {o} · {short[s]}") for o, s in up.tolist()], np.uint64)
-            self.node_name_iid = iids[inv.reshape(-1)]
-        self.replay_name_iid = np.array([self.dev_names(f"replay {r[1]}") for r in self.replays], np.uint64)
-        hs = np.flatnonzero(shown)
-        self.host_rows = hs
+        iids = np.array([self.dev_names(n) for n in pl.node_names], np.uint64)
+        self.node_name_iid = iids[pl.node_name_ix] if len(iids) else np.zeros(len(pl.node_rows), np.uint64)
+        self.replay_name_iid = np.array([self.dev_names(n) for n in pl.replay_names], np.uint64)
+        hs = pl.host_rows
         self.host_name_iid = np.zeros(len(hs), np.uint64)
         if len(hs):
             us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
             self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
                                           np.uint64)[inv.reshape(-1)]
-        self.canary = canary if canary is not None else canary_steps(c.dump).get(c.context_id)
+
+    def host_tracks(self, rows=None) -> np.ndarray:
+        return self.u(self.plan.host_tracks(rows))
 
     # -- metadata packets (perfetto protos) ------------------------------------------------------------------
 
@@ -270,19 +164,19 @@ class _Plan:
         extra = f" ±{b['bound_ns'] / 1000:.2f} µs" if b["bound_ns"] is not None else " (unaligned)"
         td(u.root, f"GPU {c.device_id} · ctx {c.context_id} · {c.label}{extra}", ordering=3)
         h = c.host
-        for j, e in enumerate(self.execs):
+        for j, e, n_replay, n_node in self.plan.exec_tracks():
             td(u.exec_group(j), f"graph exec {e:#x}", parent=u.root, ordering=3)
-            for ln in range(self.replay_lanes.get(j, 0)):
+            for ln in range(n_replay):
                 td(u.exec_replays(j, ln), "replays" + (f" ({ln + 1})" if ln else ""), parent=u.exec_group(j))
-            for ln in range(self.node_lanes.get(j, 0)):
+            for ln in range(n_node):
                 td(u.exec_nodes(j, ln), "nodes" + (f" ({ln + 1})" if ln else ""), parent=u.exec_group(j))
             td(u.exec_host(j), "host node launches", parent=u.exec_group(j))
-        for i, s in enumerate(self.streams):
+        for i, s in enumerate(self.plan.streams):
             td(u.stream(i), f"eager launches · stream {s:#x}", parent=u.root)
-        used = np.flatnonzero(self.agg.sm_count)
+        used = self.plan.used_sms()
         if len(used):
             td(u.blocks, "device blocks", parent=u.root, ordering=3)
-            for s in used.tolist():
+            for s in used:
                 td(u.sm(s), f"SM {s}", parent=u.blocks)
             td(u.rate, "block events per ms", parent=u.root, counter="events/ms")
             td(u.drops, "dropped device events", parent=u.root, counter="events")
@@ -290,7 +184,6 @@ class _Plan:
             td(u.host_drops, "dropped host records", parent=u.root, counter="records")
         if self.canary:
             td(u.canary, "canary", parent=u.root)
-        _ = h
         return out
 
     def seq_start(self, pb, seq: int, names: _Names, ann: tuple, clock: int) -> bytes:
@@ -337,40 +230,6 @@ class _Plan:
                 a.uint_value = v
             yield frame(p.SerializeToString())
 
-    # -- device events ------------------------------------------------------------------------------------
-
-    def keep(self, first: int, recs: np.ndarray):
-        """The filter mask of a chunk (None: all kept); the join is looked up only when a filter needs it."""
-        opt = self.opt
-        if opt.window_ms is None and opt.replays is None:
-            return None
-        hid = self.c.match(first, recs) if opt.replays is not None else None
-        return event_keep(self.c, recs, hid, opt, self.agg.t0)
-
-    def kept(self, first: int, recs: np.ndarray):
-        """The events of a chunk that pass the filters: ``(recs, dev_index, flow_mask)``.
-
-        ``dev_index`` is None when every event is kept (indices are then ``first + arange``); ``flow_mask`` marks the
-        kept events that end a flow (None: none)."""
-        keep = self.keep(first, recs)
-        has = self.flow_mask(first, len(recs))
-        if keep is None:
-            return recs, None, has
-        idx = np.flatnonzero(keep)
-        return recs[idx], first + idx, (has[idx] if has is not None else None)
-
-    def flow_mask(self, first: int, n: int):
-        """Which events of the chunk ``first .. first+n`` end a flow (None: none)."""
-        return self.agg.flows.mask(first, n) if self.opt.flows else None
-
-    def host_tracks(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """The track uuid of each shown host record (of ``rows``): its graph exec's host track, or its stream's."""
-        h = self.c.host
-        rows = self.host_rows if rows is None else rows
-        ex = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows])
-        st = np.searchsorted(np.array(self.streams, np.uint64), h.stream[rows])
-        return np.where(h.kind[rows] == GRAPH_NODE, self.u.exec_host(ex), self.u.stream(st)).astype(np.uint64)
-
     # -- vectorised packets -----------------------------------------------------------------------------------
 
     def host_packets(self):
@@ -381,11 +240,6 @@ class _Plan:
         yield from w.encode_batched(lambda i: self._host_fields(rows, None) if i is None else
                                     self._host_fields(rows[i], flows), len(rows),
                                     max(1, HOST_BATCH // max(1, self.opt.flows)))
-
-    def host_flows(self) -> int:
-        """Flows the host records start."""
-        f = self.agg.flows
-        return int(f.counts(self.host_rows).sum()) if f.K else 0
 
     def _host_fields(self, rows: np.ndarray, flows) -> list:
         """The fields of the host records ``rows`` (``flows`` None: flow ids left out, only their count)."""
@@ -420,19 +274,19 @@ class _Plan:
     def slice_packets(self):
         """Node executions and replays as slices (yielded, a batch at a time)."""
         agg, u = self.agg, self.u
-        rows = self.node_rows
+        rows = self.plan.node_rows
         h = self.c.host
         if len(rows):
             st, en = agg.first_ts[rows].astype(np.uint64), agg.last_ts[rows].astype(np.uint64)
-            track = u.exec_nodes(self.node_exec, self.node_lane)
+            track = u.exec_nodes(self.plan.node_exec, self.plan.node_lane)
             yield from self._slices(st, en, track, self.node_name_iid,
                                     [(2, h.launch_id[rows].astype(np.uint64)), (3, agg.count[rows].astype(np.uint64))])
-        if self.replays:
-            r = np.array([(x[2], x[3]) for x in self.replays], np.uint64)
+        if self.plan.replays:
+            r = np.array([(x[2], x[3]) for x in self.plan.replays], np.uint64)
             st, en = r[:, 0].astype(np.uint64), r[:, 1].astype(np.uint64)
-            track = u.exec_replays(self.replay_exec, self.replay_lane)
+            track = u.exec_replays(self.plan.replay_exec, self.plan.replay_lane)
             yield from self._slices(st, en, track, self.replay_name_iid,
-                                    [(2, np.array([x[1] for x in self.replays], np.uint64))])
+                                    [(2, np.array([x[1] for x in self.plan.replays], np.uint64))])
 
     def _slices(self, st, en, track, name_iid, anns):
         """Begin packets (instants where a slice starts and ends at once), then end packets."""
@@ -484,7 +338,7 @@ class _Plan:
 
         The chunk is encoded in cache-sized slices; the slices' layout groups are merged back into the order one
         encoding of the whole chunk gives (see :func:`_wire.encode_groups`)."""
-        recs, dev_index, has = self.kept(first, recs)
+        recs, dev_index, has = self.plan.kept(first, recs)
         n = len(recs)
         if not n:
             return [], 0, 0
@@ -518,60 +372,6 @@ class _Plan:
         return w.encode_groups([w.msg(1, pk)], len(recs))
 
 
-@dataclass(frozen=True)
-class CanarySteps:
-    """The checked (step, buffer) records of one context, as the traces show them: step, buffer name, host time and
-    the page counts of :attr:`LISTS` (a few numbers per record, not the page lists :func:`kvconv.check.canary.check`'s
-    step dicts carry)."""
-
-    LISTS = ("expected", "changed", "unexpected", "missing")
-    step: np.ndarray
-    buffer: np.ndarray  # index into names
-    names: list
-    host_ns: np.ndarray
-    counts: np.ndarray  # (records, 4)
-
-    def __len__(self) -> int:
-        return len(self.step)
-
-    def rows(self):
-        """``(step, buffer name, host ns, (expected, changed, unexpected, missing))`` per record, as Python ints."""
-        for st, b, hn, n in zip(self.step.tolist(), self.buffer.tolist(), self.host_ns.tolist(), self.counts.tolist()):
-            yield st, self.names[b], hn, n
-
-
-def canary_steps(d) -> dict:
-    """context id -> :class:`CanarySteps` of the dump ``d`` (one check of the dump for all its contexts; the step
-    dicts are read a batch at a time and only their counts kept)."""
-    if not d.groups_of("canary"):
-        return {}
-    from kvconv.check import canary
-
-    cols: dict = {}
-    names: dict = {}
-    for s in canary.check(d).steps:
-        ctx = s["context_id"]
-        c = cols.setdefault(ctx, ([], [], [], []))
-        buf = s.get("buffer", s.get("buffer_id"))
-        c[0].append(s["step"])
-        c[1].append(names.setdefault(buf, len(names)))
-        c[2].append(s["host_ns"])
-        c[3].append([len(s.get(k, ())) for k in CanarySteps.LISTS])
-    nl = list(names)
-    return {ctx: CanarySteps(step=np.array(a, np.uint64), buffer=np.array(b, np.int64), names=nl,
-                             host_ns=np.array(h, np.uint64), counts=np.array(n, np.int64).reshape(-1, 4))
-            for ctx, (a, b, h, n) in cols.items() if a}
-
-
-def canaries(ctxs) -> list:
-    """Each context's :class:`CanarySteps` (empty: none), each dump checked once."""
-    by_dump: dict = {}
-    for c in ctxs:
-        if id(c.dump) not in by_dump:
-            by_dump[id(c.dump)] = canary_steps(c.dump)
-    return [by_dump[id(c.dump)].get(c.context_id, ()) for c in ctxs]
-
-
 def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
     return sum(a.kept * EST_EVENT_BYTES + c.host.n * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
 
@@ -592,7 +392,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
                  "--replays FIRST:LAST, or open it with trace_processor --httpd")
-        plans = [_Plan(c, a, options, canary=k) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
+        plans = [_Packets(Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
@@ -615,7 +415,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                     f.write(b)
                 for b in pl.counter_packets():
                     f.write(b)
-                res.flows += pl.host_flows()
+                res.flows += pl.plan.host_flows()
                 for first, recs in c.chunks(options.chunk):
                     parts, n, _ = pl.device_packets(first, recs)
                     for b in parts:
@@ -623,13 +423,9 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                     res.written_events += n
                     bar(len(recs))
                 res.host_records += len(pl.host_rows)
-                res.alignment.append(_align(c))
+                res.alignment.append(c.alignment())
                 res.join.append(c.join)
             f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
             res.bytes_written = raw.tell()
     return res
 
-
-def _align(c: Ctx) -> dict:
-    return {"dump": c.dump.path, "run": c.run, "context_id": c.context_id, "device_id": c.device_id,
-            **c.clock.bound()}

@@ -200,8 +200,35 @@ def kernel_short(names: dict, slot) -> str:
     name = names.get(int(slot))
     if not name:
         return f"kernel slot {int(slot)}"
-    short = name.split("(")[0].split("<")[0].replace("void ", "").strip()
-    return short.rsplit("::", 1)[-1] or name
+    return short_name(name)
+
+
+def short_name(name: str) -> str:
+    """A kernel's readable name (the one shortener of reconcile and the emitters): the function without its
+    return type, scopes, template arguments and parameters.
+
+    >>> short_name("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(int*)")
+    'reshape_and_cache_flash_kernel'
+    >>> short_name("void at::native::(anonymous namespace)::Outer<int>::inner<2>(float*)")
+    'inner'
+    """
+    s = name.replace("(anonymous namespace)", "anonymous_namespace")
+    depth, out = 0, []
+    for ch in s:  # template arguments may hold parentheses: drop them before looking for the parameter list
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    s = "".join(out)
+    p = s.find("(")
+    if p > 0:
+        s = s[:p]
+    s = s.strip()
+    if s.startswith("void "):
+        s = s[5:]
+    return s.split("::")[-1].strip() or name
 
 
 def kind_name(t: LaunchTable, h: int) -> str:

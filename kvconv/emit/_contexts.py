@@ -1,0 +1,216 @@
+"""What every emitter does around its own writing: open the dumps' contexts, join their device events to the host
+launch records, show progress, and close it all.
+
+    >>> with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):  # doctest: +SKIP
+    ...     aggs = [first_pass(c, options, bar) for c in ctxs]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvconv.check.reconcile.exact import ExactJoin
+from kvconv.check.reconcile.launches import LaunchTable
+from kvconv.clock import of_dump
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Ctx, event_runs, heads
+from kvconv.emit.options import EmitOptions, EmitResult
+from kvconv.format import dump as dumpmod
+from kvconv.format import layout
+from kvconv.format.errors import FormatError, UsageError
+from kvconv.progress import Progress, ProgressOptions
+
+_EVF = layout.ENUMS["event_flags"]
+_BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
+
+
+def _safe(s: str) -> str:
+    out = "".join(c if (c.isalnum() or c in "-_.") else "_" for c in s)
+    return out or "run"
+
+
+@contextlib.contextmanager
+def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
+    """What every emitter does around its own writing: refuse to overwrite an input, open the dumps' contexts, show
+    a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
+
+    Yields ``(res, warn, paths, ctxs, bar)``; the caller writes, then sets ``res.bytes_written``."""
+    from kvconv.atomic import check_output
+
+    res = EmitResult(output=str(out))
+    warn = warn or res.warnings.append
+    paths = [str(p) for p in paths]
+    check_output(out, inputs=paths, directory=name == "arrow", kind=name, force=options.force)  # before any work
+    dumps, ctxs = open_contexts(paths, options, warn, res.timings)
+    try:
+        total = sum(c.n_events for c in ctxs)
+        bar = Progress(f"{name} {', '.join(Path(p).name for p in paths)}", total=passes * total,
+                       size_bytes=sum(d.size for d in dumps),
+                       options=ProgressOptions.from_cli(progress=options.progress))
+        try:
+            yield res, warn, paths, ctxs, bar
+        finally:
+            bar.close()
+        res.contexts = len(ctxs)
+        res.device_events = total
+    finally:
+        for d in dumps:
+            d.close()
+
+
+def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None = None) -> tuple[list, list[Ctx]]:
+    """Open the dumps (checksums are verified while streaming) and describe each context."""
+    if not paths:
+        raise UsageError("give at least one dump", code="no-input")
+    dumps = dumpmod.open_many(paths, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage))
+    ctxs: list[Ctx] = []
+    runs: dict[str, int] = {}
+    try:
+        for di, d in enumerate(dumps):
+            if options.verify_checksums:
+                for g in d.groups:
+                    if g.kind is not None and g.kind.name != "device_event" and not g.lost_records and not g.crc_ok():
+                        raise FormatError("payload checksum does not match header.payload_crc32", path=d.path,
+                                          group=g.index, offset=g.payload_offset, field="header.payload_crc32",
+                                          code="payload-checksum", hint="the records are damaged")
+            meta = d.metadata()
+            stem = _safe(Path(d.path).name.split(".")[0])
+            run = stem if stem not in runs else f"{stem}-{di}"
+            runs[run] = di
+            for ctx, dev in d.contexts():
+                if any(c.dump is d and c.context_id == ctx for c in ctxs):
+                    continue
+                groups = d.groups_of("device_event", context_id=ctx)
+                kinds = {g.kind.name for g in d.groups if g.kind is not None and g.context_id == ctx}
+                if not (kinds & {"device_event", "graph_node", "eager_launch", "canary", "clock_sync"}):
+                    continue
+                clock = of_dump(d, ctx)
+                c = Ctx(serial=len(ctxs), dump=d, label=Path(d.path).name, run=run, context_id=ctx, device_id=dev,
+                        groups=groups, n_events=sum(len(g.records) for g in groups), host=LaunchTable.load(d, ctx),
+                        names=d.kernel_names(context_id=ctx), clock=clock,
+                        device_drops=d.drops("device_event", context_id=ctx),
+                        host_drops=d.drops("graph_node", context_id=ctx) + d.drops("eager_launch", context_id=ctx),
+                        meta=meta)
+                if d.size > RELEASE_BYTES:  # the launch table holds copies: the records' pages can go
+                    release_groups(d, ("graph_node", "eager_launch"), ctx)
+                if not clock.n and c.n_events:
+                    warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
+                         "times and are not aligned with host records")
+                ctxs.append(c)
+        t = time.perf_counter()
+        _join(ctxs, options, warn)
+        if timings is not None:
+            timings["join"] = time.perf_counter() - t
+    except BaseException:
+        for d in dumps:
+            d.close()
+        raise
+    return dumps, ctxs
+
+
+def release_groups(d, kinds, ctx: int) -> None:
+    """Give the pages of a context's groups of ``kinds`` back (read again from the page cache if asked for)."""
+    for kind in kinds:
+        for g in d.groups_of(kind, context_id=ctx):
+            rs = int(g.header["record_size"])
+            dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)
+
+
+def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
+    """Device event -> host record, per dump.
+
+    "auto": the vectorised exact join (:class:`ExactJoin`, the same matches as kvconv.check.reconcile's exact join) when
+    every device event that carries a gridid finds its host record; otherwise (no gridids: the ordered join; or
+    unmatched events, which reconcile explains and attributes) kvconv.check.reconcile's matches, up to
+    ``reconcile_max_events``. "always": kvconv.check.reconcile. "never": the vectorised exact join only."""
+    try:
+        from kvconv.check import reconcile as rec
+    except ImportError:  # pragma: no cover - reconcile is part of kvconv
+        rec = None
+    by_dump: dict[int, list[Ctx]] = {}
+    for c in ctxs:
+        by_dump.setdefault(id(c.dump), []).append(c)
+    for cs in by_dump.values():
+        d = cs[0].dump
+        total = sum(c.n_events for c in cs)
+        for c in cs:
+            c.xjoin = ExactJoin(c.host) if c.host.n else None
+        use = rec is not None and options.reconcile != "never" and (
+            options.reconcile == "always" or total <= options.reconcile_max_events)
+        if use and options.reconcile == "auto":
+            use = not all(_probe(c, options) for c in cs)
+        res = None
+        if use:
+            try:
+                res = rec.reconcile(d, options=rec.ReconcileOptions())  # not relaxed: .ok is the verdict to report
+            except Exception as e:  # noqa: BLE001 - fall back to the streaming join, and say so
+                warn(f"{cs[0].label}: reconcile failed ({e}); using exact gridid joins only")
+                res = None
+        elif rec is not None and options.reconcile == "auto" and total > options.reconcile_max_events:
+            warn(f"{cs[0].label}: {total:,} device events exceed the {options.reconcile_max_events:,} up to which "
+                 "--join auto runs kvconv reconcile's join; flows and node slices use the streaming exact (gridid) "
+                 "join only (--join reconcile runs it anyway)")
+        for c in cs:
+            h = c.host
+            if res is not None:
+                c._runs = None
+                m = res.matches[res.matches["context_id"] == c.context_id]
+                hid = np.full(c.n_events, -1, np.int64)
+                di = m["device_index"]
+                ok = (di >= 0) & (di < c.n_events) & (m["host_index"] >= 0)
+                hk, hx = m["host_kind"][ok], m["host_index"][ok]
+                row = np.where(hk == GRAPH_NODE, hx, h.n_gn + hx)
+                good = (row >= 0) & (row < h.n) & ((hk == GRAPH_NODE) | (hk == EAGER))
+                hid[di[ok][good]] = row[good]
+                c.hid = hid
+                c.reconcile_result = res
+                joins = {int(j) for j in np.unique(m["join"][ok])} if ok.any() else set()
+                c.join = "+".join(rec.JOIN_NAMES[j] for j in sorted(joins) if j) or "none"
+            elif options.reconcile == "auto" and c._runs is not None:
+                c.join = "exact" if c._matched else "none"  # what reconcile calls the same matches
+            else:
+                c.join = "exact(gridid)"
+
+
+RUNS_CACHE = 1 << 22  # runs kept from the join probe for the first pass (beyond: looked up again)
+
+
+def release_join(ctxs: list, options: EmitOptions) -> None:
+    """After the first pass and the verdict on it: the second pass of Perfetto and Chrome asks the join only for
+    --replays; without it the exact join's tables and the probe's runs go (memory that grows with the host records
+    and, up to RUNS_CACHE, with the events)."""
+    if options.replays is None:
+        for c in ctxs:
+            c.xjoin, c._runs = None, None
+
+
+def _probe(c: Ctx, options: EmitOptions) -> bool:
+    """Run the vectorised exact join over the context; True when its matches are reconcile's: some event carries a
+    gridid (else reconcile joins in order) and every block-enter event carrying one found its host record (else
+    reconcile explains and attributes them). Keeps the runs for the first pass."""
+    c._runs, c._matched = {}, 0
+    if c.xjoin is None or not c.n_events:
+        c._runs = None
+        return False
+    kept = 0
+    any_gid = False
+    for first, recs in c.chunks(options.chunk, sub=SLICE, verify=options.verify_checksums):
+        starts = event_runs(recs)
+        hg, ht, hf, hk = heads(recs, starts)
+        rhid = c.xjoin.lookup(hg, ht, hf, hk)
+        gid = (hk == _BLOCK_ENTER) & ((hf & _EVF["has_gridid"]) != 0)
+        any_gid = any_gid or bool(gid.any())
+        if bool((gid & (rhid < 0)).any()):
+            c._runs = None
+            return False
+        c._matched += int((rhid >= 0).sum())
+        kept += len(starts)
+        if kept <= RUNS_CACHE:
+            c._runs[first] = (len(recs), starts, rhid)
+    if not any_gid:
+        c._runs = None
+        return False
+    return True

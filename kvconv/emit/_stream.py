@@ -1,0 +1,195 @@
+"""One context of a dump as the emitters read it, and its device events walked in bounded chunks.
+
+Memory stays bounded whatever the dump size: device events are walked in chunks of the mmap, each chunk's payload
+checksum is folded in as it is read (the dumps are opened with ``verify_checksums=False`` and checked here, in the
+same pass, by a worker thread beside the caller's work), and the pages of a walked chunk are given back to the page
+cache (``MADV_DONTNEED``) on large dumps. Chunks are handed out in cache-sized slices (``SLICE`` events) where the
+work is column by column, so that the records and their temporaries stay in cache.
+
+The join (:class:`kvconv.check.reconcile.exact.ExactJoin`) looks up each run of device events of one launch once:
+tracer dumps carry gridid and tag, and their events come in runs of one launch's blocks.
+
+    >>> for first, recs in ctx.chunks(1 << 18, sub=SLICE):      # doctest: +SKIP
+    ...     starts, host_row = ctx.match_runs(first, recs)
+"""
+
+from __future__ import annotations
+
+import mmap
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconv._workers import worker
+from kvconv.check.reconcile.exact import ExactJoin
+from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
+from kvconv.clock import Clock
+from kvconv.format import layout
+from kvconv.format.errors import FormatError
+
+__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads", "runs_of"]
+
+_EV_DT = layout.DTYPES["device_event"]
+SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
+RELEASE_BYTES = 256 << 20  # dumps larger than this give walked pages back to the page cache
+PAGE = mmap.PAGESIZE
+
+
+@dataclass
+class Ctx:
+    serial: int
+    dump: object
+    label: str
+    run: str
+    context_id: int
+    device_id: int
+    groups: list
+    n_events: int
+    host: LaunchTable
+    names: dict[int, str]
+    clock: Clock
+    device_drops: int
+    host_drops: int
+    meta: dict
+    hid: np.ndarray | None = None  # per device event: host table row, -1 unmatched (reconcile mode)
+    replay_of_event: np.ndarray | None = None
+    join: str = "none"
+    reconcile_result: object = None
+    xjoin: "ExactJoin | None" = None  # the vectorised exact join (when reconcile's report is not needed)
+    _runs: dict | None = None  # first index -> (events, run starts, host row per run), from the join probe
+    _matched: int = 0
+    verified: bool = False  # a whole pass has checked every device-event group's checksum
+
+    @property
+    def release(self) -> bool:
+        return self.dump.size > RELEASE_BYTES
+
+    def kernel_name(self, slot: int) -> str:
+        return self.names.get(int(slot), f"kernel slot {int(slot)}")
+
+    # -- streaming over device events ------------------------------------------------------------------------
+
+    def chunks(self, size: int, *, verify: bool = False, sub: int | None = None):
+        """Yield ``(first_index, records)`` over all device events of the context, in bounded slices (of ``sub``
+        events, when given: small enough for the records and their temporaries to stay in cache). ``verify``:
+        check each group's payload checksum, once: the first pass that runs to the end does it (beside the
+        caller's work, on another core), later passes trust it."""
+        verify = verify and not self.verified
+        base = 0
+        mm = getattr(self.dump, "_mm", None)
+        pool = worker("crc") if verify else None
+        for g in self.groups:
+            fut = None
+            rs = int(g.header["record_size"])
+            for s, view in g.chunks(size):
+                if verify and len(view):  # the checksum runs beside the caller's work (zlib releases the GIL)
+                    fut = pool.submit(_crc_after, view.view(np.uint8), fut)
+                step = sub or max(len(view), 1)
+                for a in range(0, max(len(view), 1), step):
+                    yield base + s + a, view[a : a + step]
+                if self.release and mm is not None:
+                    if fut is not None:
+                        fut.result()
+                    lo = (g.payload_offset + s * rs) // PAGE * PAGE
+                    hi = (g.payload_offset + (s + len(view)) * rs) // PAGE * PAGE
+                    if hi > lo:
+                        try:
+                            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+                        except (OSError, ValueError, AttributeError):
+                            pass
+            crc = fut.result() if fut is not None else 0
+            if verify and not g.lost_records and crc != int(g.header["payload_crc32"]):
+                raise FormatError("payload checksum does not match header.payload_crc32", path=self.dump.path,
+                                  group=g.index, offset=g.payload_offset, field="header.payload_crc32",
+                                  code="payload-checksum", hint="the records are damaged; kvconv validate says more")
+            base += len(g.records)
+        self.verified = self.verified or verify
+
+    def match_runs(self, first: int, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The join of a chunk as runs: ``(starts, host row of each run)`` (-1: unmatched). Device events come in
+        runs of one launch's blocks, so the lookup runs once per run."""
+        n = len(recs)
+        if self.hid is not None:
+            return runs_of(self.hid[first : first + n])
+        cached = self._runs.get(first) if self._runs is not None else None
+        if cached is not None and cached[0] == n:
+            return cached[1], cached[2]
+        if self.xjoin is None or not n:
+            return np.zeros(min(n, 1), np.int64), np.full(min(n, 1), -1, np.int64)
+        starts = event_runs(recs)
+        return starts, self.xjoin.lookup(*heads(recs, starts))
+
+    def match(self, first: int, recs: np.ndarray) -> np.ndarray:
+        """Host table row of each event of a chunk (-1: unmatched)."""
+        if self.hid is not None:
+            return self.hid[first : first + len(recs)]
+        starts, rhid = self.match_runs(first, recs)
+        return expand_runs(starts, rhid, len(recs))
+
+    def alignment(self) -> dict:
+        """The context's clock alignment as every output reports it (EmitResult.alignment, the Chrome trace's
+        otherData, each Arrow table's metadata)."""
+        return {"dump": self.label, "run": self.run, "context_id": self.context_id, "device_id": self.device_id,
+                **self.clock.bound()}
+
+
+def _crc_after(buf, prev) -> int:
+    """crc32 of ``buf`` continuing the one of ``prev`` (a future of the one worker, so already done)."""
+    return zlib.crc32(buf, prev.result() if prev is not None else 0)
+
+
+def runs_of(hid: np.ndarray):
+    """Run starts of equal values in ``hid`` and the value of each run (returned as (starts, values))."""
+    n = len(hid)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    st = np.flatnonzero(hid[1:] != hid[:-1]) + 1
+    starts = np.concatenate([[0], st]).astype(np.int64)
+    return starts, hid[starts].astype(np.int64)
+
+
+def expand_runs(starts: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    if not n:
+        return np.zeros(0, np.int64)
+    if len(starts) == n:
+        return values.astype(np.int64, copy=False)
+    return np.repeat(values, np.diff(np.append(starts, n)))
+
+
+_OFF = {name: _EV_DT.fields[name][1] for name in _EV_DT.names}
+
+
+def event_runs(recs: np.ndarray) -> np.ndarray:
+    """Starts of runs of device events with equal (gridid, tag, kind, flags)."""
+    n = len(recs)
+    if n <= 1:
+        return np.zeros(n, np.int64)
+    if recs.dtype == _EV_DT and recs.dtype.itemsize % 8 == 0 and recs.flags.c_contiguous \
+            and _OFF["flags"] == _OFF["kind"] + 1 and _OFF["kind"] // 8 == (_OFF["flags"]) // 8:
+        w = recs.view(np.uint64).reshape(n, _EV_DT.itemsize // 8)
+        g, t = w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8]
+        kf = w[:, _OFF["kind"] // 8] >> np.uint64(8 * (_OFF["kind"] % 8))
+    else:
+        g, t = recs["gridid"], recs["tag"]
+        kf = recs["kind"].astype(np.uint16) | (recs["flags"].astype(np.uint16) << np.uint16(8))
+    chg = g[1:] != g[:-1]
+    chg |= t[1:] != t[:-1]
+    chg |= kf[1:] != kf[:-1]
+    st = np.flatnonzero(chg)
+    out = np.empty(len(st) + 1, np.int64)
+    out[0] = 0
+    out[1:] = st + 1
+    return out
+
+
+def heads(recs: np.ndarray, starts: np.ndarray):
+    """(gridid, tag, flags, kind) of the events at ``starts``."""
+    if _OFF["kind"] % 8 <= 6 and recs.flags.c_contiguous and recs.dtype == _EV_DT:
+        w = recs.view(np.uint64).reshape(len(recs), _EV_DT.itemsize // 8)[starts]
+        kf = w[:, _OFF["kind"] // 8]
+        return (w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8],
+                (kf >> np.uint64(8 * (_OFF["flags"] % 8))) & np.uint64(0xFF),
+                (kf >> np.uint64(8 * (_OFF["kind"] % 8))) & np.uint64(0xFF))
+    h = recs[starts]
+    return h["gridid"], h["tag"], h["flags"], h["kind"]

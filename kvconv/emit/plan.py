@@ -1,0 +1,233 @@
+"""Format-neutral planning of a context's tracks: which tracks there are, in which order, with which lanes and names,
+decided once from the first pass and used by every trace format (Perfetto track uuids, Chrome thread ids).
+
+Track ids are local to the context (a context's tracks never share one with another context's): Perfetto makes its
+track uuids of them (``(serial + 1) << 24`` plus the local id), Chrome uses them as thread ids of the context's
+process.
+
+    >>> plan = Plan(ctx, first_pass(ctx, options), options)     # doctest: +SKIP
+    >>> plan.tracks.sm(3), plan.tracks.exec_nodes(0, 1)         # local ids: SM 3's track, exec 0's second node lane
+    >>> plan.node_names[plan.node_name_ix[0]]                   # 'node 0 · reshape_and_cache_flash_kernel'
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from kvconv.check.reconcile.launches import short_name
+from kvconv.emit._canary import canary_steps
+from kvconv.emit._first_pass import Agg, event_keep
+from kvconv.emit._stream import EAGER, GRAPH_NODE, Ctx
+from kvconv.emit.options import EmitOptions
+from kvconv.format.errors import OutputError
+
+SPAN = 1 << 24  # local track ids of one context: 1 .. SPAN - 1
+
+
+class TrackIds:
+    """The local ids of a context's tracks (fixed ones, then per stream, per SM, per graph exec, then lanes)."""
+
+    ROOT, BLOCKS, RATE, DROPS, HOST_DROPS, CANARY = 1, 2, 3, 4, 5, 6
+
+    def __init__(self, context: int) -> None:
+        self.context = context  # for messages: the context's place in the trace, from 1
+
+    def stream(self, i: int) -> int:
+        return 0x100 + i
+
+    def sm(self, smid):
+        return 0x10000 + smid
+
+    def exec_group(self, j: int) -> int:
+        return 0x20000 + 2 * j
+
+    def exec_host(self, j):
+        return self.exec_group(j) + 1
+
+    def place_lanes(self, replay_lanes: list[int], node_lanes: list[int]) -> None:
+        """Give each graph exec's replay and node lanes their ids, after every exec's group and host track (as many
+        lanes as overlapping slices need, none shared with another exec)."""
+        n = len(replay_lanes)
+        sizes = np.array([x for pair in zip(replay_lanes, node_lanes) for x in pair], np.int64)
+        starts = self.exec_group(n) + np.concatenate([[0], np.cumsum(sizes)[:-1]]) if n else np.zeros(0, np.int64)
+        self.replay0 = starts[0::2].astype(np.uint64)
+        self.node0 = starts[1::2].astype(np.uint64)
+        if n and int(starts[-1] + sizes[-1]) >= SPAN:
+            raise OutputError(f"context {self.context}: too many tracks ({int(sizes.sum()):,} lanes)",
+                              hint="narrow the trace with --window or --replays", code="too-many-tracks")
+
+    def exec_replays(self, j, lane):
+        """The replay lane's id (vectorised over ``j`` and ``lane`` arrays)."""
+        return _lane_id(self.replay0, j, lane)
+
+    def exec_nodes(self, j, lane):
+        """The node lane's id (vectorised over ``j`` and ``lane`` arrays)."""
+        return _lane_id(self.node0, j, lane)
+
+
+def _lane_id(first: np.ndarray, j, lane):
+    if np.isscalar(j):
+        return int(first[j]) + int(lane)
+    return first[j] + np.asarray(lane).astype(np.uint64)
+
+
+def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Greedy lanes so that slices on one lane never overlap (strictly: the next starts after the previous ends)."""
+    n = len(start)
+    lane = np.zeros(n, np.int64)
+    if n <= 1:
+        return lane
+    order = np.lexsort((end, start))
+    s, e = start[order], end[order]
+    if bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
+        return lane
+    # each slice takes the lowest-numbered lane whose last slice ended before it starts (heaps: O(n log n))
+    busy: list = []  # (end, lane) of lanes in use
+    free: list = []  # lanes whose last slice has ended
+    nlanes = 0
+    out = np.zeros(n, np.int64)
+    for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
+        while busy and busy[0][0] < si:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            j = heapq.heappop(free)
+        else:
+            j, nlanes = nlanes, nlanes + 1
+        out[k] = j
+        heapq.heappush(busy, (ei, j))
+    lane[order] = out
+    return lane
+
+
+def unique_pairs(a: np.ndarray, b: np.ndarray):
+    """Distinct (a, b) pairs: (a of each pair, index of its first occurrence, inverse per element)."""
+    n = len(a)
+    if not n:
+        return a[:0], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    o = np.lexsort((np.arange(n), b, a))
+    sa, sb = a[o], b[o]
+    new = np.concatenate([[True], (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])])
+    gid = np.cumsum(new) - 1
+    inv = np.empty(n, np.int64)
+    inv[o] = gid
+    return sa[new], o[new], inv
+
+
+def _per_exec_lanes(ex_of: np.ndarray, n_exec: int, st: np.ndarray, en: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Lanes of slices grouped by graph exec: (lane per slice, exec -> lanes it needs; execs without one left out)."""
+    lane = np.zeros(len(ex_of), np.int64)
+    count = {}
+    for j in range(n_exec):
+        sel = np.flatnonzero(ex_of == j)
+        if len(sel):
+            lane[sel] = lanes(st[sel], en[sel])
+            count[j] = int(lane[sel].max()) + 1
+    return lane, count
+
+
+class Plan:
+    """Everything of one context decided before any of its events is written, in no format's terms."""
+
+    def __init__(self, c: Ctx, agg: Agg, options: EmitOptions, canary=None) -> None:
+        self.c, self.agg, self.opt = c, agg, options
+        self.tracks = TrackIds(c.serial + 1)
+        h = c.host
+        # graph execs and streams of shown host records
+        self.shown = shown = h.shown & agg.kept_hosts
+        gn = shown & (h.kind == GRAPH_NODE)
+        self.execs = np.unique(h.graph_exec[gn]).tolist()
+        self.exec_ix = {e: j for j, e in enumerate(self.execs)}
+        self.streams = np.unique(h.stream[shown & (h.kind == EAGER)]).tolist()
+        self.stream_ix = {s: j for j, s in enumerate(self.streams)}
+        self._node_slices(np.flatnonzero(gn & (agg.count > 0)))
+        self._replay_slices()
+        n = len(self.execs)
+        self.tracks.place_lanes([self.replay_lanes.get(j, 0) for j in range(n)],
+                                [self.node_lanes.get(j, 0) for j in range(n)])
+        self.host_rows = np.flatnonzero(shown)
+        self.canary = canary if canary is not None else canary_steps(c.dump).get(c.context_id)
+
+    def _node_slices(self, rows: np.ndarray) -> None:
+        """Node executions (graph-node rows with matched events): their exec, lane and name."""
+        agg, h = self.agg, self.c.host
+        self.node_rows = rows
+        self.node_exec = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows]).astype(np.int64)
+        self.node_lane, self.node_lanes = _per_exec_lanes(self.node_exec, len(self.execs), agg.first_ts[rows],
+                                                          agg.last_ts[rows])
+        self.node_names: list[str] = []  # "node <ordinal> · <kernel>", one per distinct (ordinal, kernel slot)
+        self.node_name_ix = np.zeros(len(rows), np.int64)
+        if len(rows):
+            po, ps = h.node_ordinal[rows].astype(np.int64), h.kernel_slot[rows].astype(np.int64)
+            _, firsts, inv = unique_pairs(po, ps)
+            up = np.stack([po[firsts], ps[firsts]], 1)
+            short = {s: short_name(self.c.kernel_name(s)) for s in np.unique(up[:, 1]).tolist()}
+            self.node_names = [f"node {o} · {short[s]}" for o, s in up.tolist()]
+            self.node_name_ix = inv.reshape(-1)
+
+    def _replay_slices(self) -> None:
+        """Replay slices per (exec, launch id): from the first to the last block of its node executions."""
+        agg, h, rows = self.agg, self.c.host, self.node_rows
+        self.replays = []  # (exec j, replay, start, end)
+        self.replay_exec = np.zeros(0, np.int64)  # exec j of each replay
+        st = en = np.zeros(0, np.uint64)
+        if len(rows):
+            lid = h.launch_id[rows].astype(np.uint64)  # replay ids are u64 (kept so: a huge one is not negative)
+            _, firsts, inv = unique_pairs(self.node_exec, lid)
+            st = np.full(len(firsts), np.iinfo(np.uint64).max, np.uint64)
+            en = np.zeros(len(firsts), np.uint64)
+            np.minimum.at(st, inv, agg.first_ts[rows])
+            np.maximum.at(en, inv, agg.last_ts[rows])
+            self.replay_exec = self.node_exec[firsts]
+            self.replays = list(zip(self.replay_exec.tolist(), lid[firsts].tolist(), st.tolist(), en.tolist()))
+        self.replay_lane, self.replay_lanes = _per_exec_lanes(self.replay_exec, len(self.execs), st, en)
+        self.replay_names = [f"replay {r[1]}" for r in self.replays]
+
+    def exec_tracks(self):
+        """``(j, exec, replay lanes, node lanes)`` of each graph exec, in track order."""
+        for j, e in enumerate(self.execs):
+            yield j, e, self.replay_lanes.get(j, 0), self.node_lanes.get(j, 0)
+
+    def used_sms(self) -> list[int]:
+        return np.flatnonzero(self.agg.sm_count).tolist()
+
+    # -- filters --------------------------------------------------------------------------------------------------
+
+    def keep(self, first: int, recs: np.ndarray):
+        """The filter mask of a chunk (None: all kept); the join is looked up only when a filter needs it."""
+        opt = self.opt
+        if opt.window_ms is None and opt.replays is None:
+            return None
+        hid = self.c.match(first, recs) if opt.replays is not None else None
+        return event_keep(self.c, recs, hid, opt, self.agg.t0)
+
+    def kept(self, first: int, recs: np.ndarray):
+        """The events of a chunk that pass the filters: ``(recs, dev_index, flow_mask)``.
+
+        ``dev_index`` is None when every event is kept (indices are then ``first + arange``); ``flow_mask`` marks the
+        kept events that end a flow (None: none)."""
+        keep = self.keep(first, recs)
+        has = self.flow_mask(first, len(recs))
+        if keep is None:
+            return recs, None, has
+        idx = np.flatnonzero(keep)
+        return recs[idx], first + idx, (has[idx] if has is not None else None)
+
+    def flow_mask(self, first: int, n: int):
+        """Which events of the chunk ``first .. first+n`` end a flow (None: none)."""
+        return self.agg.flows.mask(first, n) if self.opt.flows else None
+
+    def host_tracks(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The local track id of each shown host record (of ``rows``): its graph exec's host track, or its
+        stream's."""
+        h = self.c.host
+        rows = self.host_rows if rows is None else rows
+        ex = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows])
+        st = np.searchsorted(np.array(self.streams, np.uint64), h.stream[rows])
+        return np.where(h.kind[rows] == GRAPH_NODE, self.tracks.exec_host(ex), self.tracks.stream(st)).astype(np.uint64)
+
+    def host_flows(self) -> int:
+        """Flows the host records start."""
+        f = self.agg.flows
+        return int(f.counts(self.host_rows).sum()) if f.K else 0

@@ -1,0 +1,58 @@
+"""The output formats, one registration each: the ``kvconv <format>`` command, its help and options, and the
+``write_<format>`` function come from here (kvconv/cli/emit.py builds the commands of every registered format).
+
+A new format is one module with ``write(paths, out, *, options, warn) -> EmitResult`` plus one :func:`register`
+call below::
+
+    register(Format(name="csv", writer="kvconv.emit.csv:write_csv", output="output .csv (- for stdout)",
+                    summary="One line per device event.", example="kvconv csv run.kvdump -o run.csv"))
+
+The writer module is imported only when its command runs, so ``kvconv --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Format:
+    """An output format: its command name, where its writer lives, and what its command says."""
+
+    name: str  # the command: kvconv <name>
+    writer: str  # "module:function", imported when the command runs
+    output: str  # help of -o/--output
+    summary: str  # the command's help, first paragraph
+    example: str  # "kvconv <name> ...": the last line of the command's help
+    trace: bool = True  # a trace (a timeline): takes --window, --replays and --flows
+    tables: bool = False  # tables: takes --format (arrow | parquet) and --compression
+
+    def write(self, paths, out, *, options, warn=None):
+        module, function = self.writer.split(":")
+        return getattr(importlib.import_module(module), function)(paths, out, options=options, warn=warn)
+
+
+FORMATS: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+    if fmt.name in FORMATS:
+        raise ValueError(f"output format {fmt.name!r} registered twice")
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+register(Format(
+    name="perfetto", writer="kvconv.emit.perfetto:write_perfetto", output="output .pftrace (- for stdout)",
+    summary="Perfetto trace (TrackEvent protobuf): open in ui.perfetto.dev or trace_processor.",
+    example="kvconv perfetto rank0.kvdump rank1.kvdump -o tp.pftrace"))
+register(Format(
+    name="chrome", writer="kvconv.emit.chrome:write_chrome", output="output .json (- for stdout)",
+    summary="Chrome JSON trace events (chrome://tracing, Perfetto UI); device times aligned via clock-sync pairs.",
+    example="kvconv chrome run.kvdump -o run.json --replays 1:3"))
+register(Format(
+    name="arrow", writer="kvconv.emit.arrow:write_arrow", output="output folder (a partitioned dataset)",
+    summary="Arrow IPC / Parquet tables: one per record kind plus the reconciled matches, partitioned by run and "
+            "device.",
+    example="kvconv arrow runs/*.kvdump -o tables/ --format parquet", trace=False, tables=True))
