@@ -53,6 +53,7 @@ bool setup_device(Ctx* c) {
   std::memset(&init, 0, sizeof init);
   init.events = state + KVCONV_EVENTS_OFFSET;
   init.capacity = g_cfg.dev_cap;
+  init.writes = writes_setup(c);  // 0 unless KVCONV_WRITES=1 (writes.cpp)
   // The event buffer starts zeroed: the flusher reads slots the patch may not have written yet, and only a written
   // slot passes complete() (memory reused from an earlier allocation could otherwise hold a stale event).
   if (!SAN(sanitizerMemset(reinterpret_cast<void*>(init.events), 0, g_cfg.dev_cap * sizeof(kvconv_device_event_t),
@@ -225,6 +226,7 @@ void finish_device(Ctx* c, bool synchronize) {
                                                        c->null_stream));
   const uint64_t reserved = std::min<uint64_t>(st.next, g_cfg.dev_cap);
   if (c->dev_state_read && c->live.device_event.valid()) copy_rest(c, reserved);
+  if (c->dev_state_read) writes_finish(c);
   const uint64_t published = c->live.device_event.count();
   if (c->dev_state_read) {
     c->dev_next = st.next;

@@ -166,6 +166,7 @@ static void write_context(kvconv::DumpWriter& w, Ctx* c) {
   write_live(w, g, c->live.graph_node);
   g.kind = KVCONV_KIND_EAGER_LAUNCH;
   write_live(w, g, c->live.eager_launch);
+  write_writes(w, c, g);  // the write-address canary's groups, if recorded (writes.cpp)
 }
 
 bool write_finished(const std::string& path, const std::vector<Ctx*>& cs, const char* reason) {

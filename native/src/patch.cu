@@ -65,3 +65,5 @@ extern "C" __device__ __noinline__ SanitizerPatchResult kvconv_block_enter(void*
 extern "C" __device__ __noinline__ SanitizerPatchResult kvconv_block_exit(void* userdata, uint64_t pc) {
   return kv_record(userdata, pc, KVCONV_EVENT_KIND_BLOCK_EXIT);
 }
+
+#include "writes_patch.cuh"  // the write-address canary's memory-access patch (issue 16)

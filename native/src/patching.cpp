@@ -43,6 +43,7 @@ bool patch_module(Ctx* c, CUmodule m) {  // c->mu held
   bool ok = true;
   if (g_cfg.enter) ok &= SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_ENTER, m, "kvconv_block_enter"));
   if (g_cfg.exit) ok &= SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_EXIT, m, "kvconv_block_exit"));
+  ok &= writes_patch_module(m);
   ok &= SAN(sanitizerPatchModule(m));
   c->patched_modules.insert(m);
   c->modules_patched.fetch_add(1);

@@ -9,6 +9,7 @@
 //   dump_output.cpp   metadata (JSON writer) and the finished dump (compacted from the live file)
 //   exit_paths.cpp    the flusher thread, atexit, SIGTERM/SIGINT, crash signals, fork
 //   injection.cpp     InitializeInjection and the callback dispatch
+//   writes.cpp        the write-address canary: written KV slots per block (memory-access patch), caches, steps
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -192,6 +193,13 @@ void append_graph_node(Ctx* c, const kvconv_host_launch_t& r);
 void append_eager(Ctx* c, const kvconv_host_launch_t& r);
 void add_kernel(Ctx* c, const KernelInfo& k);  // c->mu held: kernel table + strings, live
 std::string module_name(uint64_t module);
+
+// ------------------------------------------------------------------ writes.cpp (the write-address canary, issue 16)
+bool writes_enabled();                   // KVCONV_WRITES=1
+bool writes_patch_module(CUmodule m);    // global memory accesses of a patched module -> kvconv_mem_access
+uint64_t writes_setup(Ctx* c);           // inside setup_device: the device write table; its state address or 0
+void writes_finish(Ctx* c);              // inside finish_device: the table copied out
+void write_writes(kvconv::DumpWriter& w, const Ctx* c, kvconv::GroupSpec g);  // cache/slot_write/step groups
 
 // ------------------------------------------------------------------ clock_sync.cpp
 void do_clock_sync(Ctx* c, uint32_t flags);

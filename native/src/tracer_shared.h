@@ -22,5 +22,6 @@ struct kvconv_dev_state {
   unsigned long long capacity;  // records
   unsigned long long next;      // slot counter: one atomicAdd per recorded block
   unsigned long long drops;     // blocks that found the buffer full (never waited on)
-  unsigned long long reserved[4];
+  unsigned long long reserved[3];
+  unsigned long long writes;    // device address of kvconv_writes_state (writes_shared.h); 0: write recording off
 };
