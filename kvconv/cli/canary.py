@@ -27,6 +27,8 @@ def canary_cmd(
     all_steps: bool = typer.Option(False, "--all", help="list every step and buffer, not only those with findings"),
     no_missing: bool = typer.Option(False, "--no-missing",
                                     help="do not report expected pages that did not change (mechanism iii)"),
+    writes: bool = typer.Option(False, "--writes", help="check the write-address canary instead: the KV slots each "
+                                "block wrote (kvconv record --writes) against each step's slot mapping"),
     salvage: bool = SALVAGE,
     progress: Optional[bool] = PROGRESS,
 ) -> int:
@@ -44,6 +46,10 @@ def canary_cmd(
 
     opts = dump.ReadOptions(salvage=salvage)
     out = sys.stdout
+    if writes:
+        from kvconv.cli.canary_writes import run_writes
+
+        return run_writes(dump_path, opts, as_json=as_json)
     with open_or_finish("canary", dump_path, opts, as_json=as_json) as d:
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
                       options=ProgressOptions.from_cli(progress=progress)) as bar:

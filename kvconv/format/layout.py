@@ -27,7 +27,7 @@ _C_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u64": "uint6
 
 def schema_dir() -> Path:
     """The folder holding the JSON schemas (the repo's ``schemas/``, installed as ``kvconv.schemas``)."""
-    here = Path(__file__).resolve().parent.parent / "schemas"
+    here = Path(__file__).resolve().parents[2] / "schemas"  # kvconv/format/layout.py -> the checkout's schemas/
     if (here / "layouts.json").is_file():
         return here
     return Path(str(resources.files("kvconv.schemas")))

@@ -1,0 +1,133 @@
+"""The write-address canary's probe: tell the tracer which tensors are KV caches and, per step, the engine's slot
+mapping (token -> slot, request id). The tracer (``kvconv record --writes``, or ``KVCONV_WRITES=1``) records which
+slots every block of the target kernels wrote; ``kvconv canary --writes`` compares the two (docs/CANARY.md).
+
+    from kvconv.capture.probe.writes import WriteProbe
+    probe = WriteProbe()                                    # the tracer loaded in this process, if any
+    probe.register_cache(key_cache, page_size=16, name="L0.k")   # [num_pages, page_size, ...], contiguous
+    with probe.step(step, slot_mapping, request_ids):      # per token: its slot (-1: padding) and request
+        graph.replay()
+
+Nothing here needs torch: tensors are read through ``data_ptr()`` / ``numel()`` / ``element_size()`` and moved to
+the host with ``.cpu()``; numpy arrays and lists work for the mappings. The probe talks to the tracer library in the
+same process (``CUDA_INJECTION64_PATH``) through ``ctypes``; without a tracer, or with write recording off, it says
+so once (a ``WriteProbeWarning``) and records nothing: there is no dump to record into.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True):
+    ...     warnings.simplefilter("always")
+    ...     p = WriteProbe(library="/nonexistent/libkvconv_tracer.so")
+    >>> p.active
+    False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import time
+import warnings
+
+import numpy as np
+
+from kvconv.format import layout
+
+PAD = layout.ENUMS["slot_map_flags"]["pad"]
+_WRITES_OFF = -10  # kvconv_register_cache / kvconv_record_step: KVCONV_WRITES is not set in the traced process
+_WHY = {-1: "base, size, slot_bytes and page_size must be nonzero", -2: "too many caches (256 at most)",
+        -3: "it overlaps a cache registered before", -4: "the tracer could not update the device's cache table"}
+
+
+class WriteProbeWarning(UserWarning):
+    """The probe cannot reach a tracer that records writes: nothing is recorded."""
+
+
+def _library(path: str | None):
+    path = path or os.environ.get("CUDA_INJECTION64_PATH")
+    if not path:
+        return None, "no tracer in this process (CUDA_INJECTION64_PATH is not set: run under kvconv record --writes)"
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)  # only the copy already loaded
+        reg, step = lib.kvconv_register_cache, lib.kvconv_record_step
+    except (OSError, AttributeError) as e:
+        return None, f"the tracer {path} is not loaded here or records no writes ({e})"
+    reg.restype = ctypes.c_int
+    reg.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p]
+    step.restype = ctypes.c_int
+    step.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p,
+                     ctypes.c_void_p, ctypes.c_void_p]
+    return lib, None
+
+
+def _host(x, dtype) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor (a device tensor is copied to the host: one synchronisation)
+        x = x.detach().reshape(-1).cpu().numpy()
+    return np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dtype)
+
+
+class WriteProbe:
+    """Registers caches and records steps in the tracer of this process (see the module docstring)."""
+
+    def __init__(self, *, library: str | None = None) -> None:
+        self._lib, why = _library(library)
+        self.caches: dict[str, int] = {}
+        self.steps = 0
+        if why:
+            self._off(why)
+
+    @property
+    def active(self) -> bool:
+        return self._lib is not None
+
+    def _off(self, why: str) -> None:
+        if self._lib is not None or not hasattr(self, "_warned"):
+            warnings.warn(f"kvconv write probe: {why}; nothing is recorded", WriteProbeWarning, stacklevel=3)
+            self._warned = True
+        self._lib = None
+
+    def register_cache(self, tensor, *, page_size: int, name: str, slot_bytes: int | None = None) -> int | None:
+        """Register a KV cache tensor shaped ``[num_pages, page_size, ...]`` (contiguous): slot ``s`` lies at
+        ``data_ptr() + s * slot_bytes`` (default: the tensor's bytes over ``num_pages * page_size``). Returns the cache
+        id the tracer's records carry, or None when nothing is recorded."""
+        nbytes = int(tensor.numel()) * int(tensor.element_size())
+        if slot_bytes is None:
+            slots = int(tensor.shape[0]) * int(page_size)
+            if hasattr(tensor, "is_contiguous") and not tensor.is_contiguous():
+                raise ValueError(f"cache {name!r}: not contiguous; pass slot_bytes= for a strided layout")
+            if slots <= 0 or nbytes % slots:
+                raise ValueError(f"cache {name!r}: {nbytes} bytes do not split into {slots} slots of equal size")
+            slot_bytes = nbytes // slots
+        if self._lib is None:
+            return None
+        r = self._lib.kvconv_register_cache(int(tensor.data_ptr()), nbytes, int(slot_bytes), int(page_size),
+                                            name.encode("utf-8"))
+        if r == _WRITES_OFF:
+            self._off("the tracer was started without write recording (kvconv record --writes / KVCONV_WRITES=1)")
+            return None
+        if r < 0:
+            raise ValueError(f"cache {name!r} not registered: {_WHY.get(r, f'error {r}')}")
+        self.caches[name] = r
+        return r
+
+    @contextlib.contextmanager
+    def step(self, step: int, slot_mapping, request_ids=None, *, pad=None):
+        """Record one step around the launches it makes: token ``i`` maps to ``slot_mapping[i]`` for request
+        ``request_ids[i]`` (0: none); ``pad`` marks padding rows (default: the tokens whose slot is negative)."""
+        slots = _host(slot_mapping, np.int64)
+        reqs = np.zeros(len(slots), np.uint64) if request_ids is None else _host(request_ids, np.uint64)
+        pads = slots < 0 if pad is None else _host(pad, bool)
+        if len(reqs) != len(slots) or len(pads) != len(slots):
+            raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, {len(pads)} pad flags")
+        flags = np.where(pads, PAD, 0).astype(np.uint32)
+        begin = time.monotonic_ns()
+        yield
+        end = time.monotonic_ns()
+        if self._lib is None:
+            return
+        r = self._lib.kvconv_record_step(int(step), begin, end, len(slots), slots.ctypes.data, reqs.ctypes.data,
+                                         flags.ctypes.data)
+        if r == _WRITES_OFF:
+            self._off("the tracer was started without write recording (kvconv record --writes / KVCONV_WRITES=1)")
+            return
+        self.steps += 1
