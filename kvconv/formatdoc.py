@@ -118,6 +118,7 @@ def render() -> str:
         out.append(f"| {k.id} | `{k.name}` | {k.record_size} | {('`' + k.layout + '`') if k.layout else 'bytes'} "
                    f"| {k.doc} |")
     out.append("")
+    out += _kind_facts()
     for lay in layout.LAYOUTS.values():
         out.append(f"## Layout `{lay.name}` ({lay.size} bytes)\n")
         if lay.doc:
@@ -134,6 +135,23 @@ def render() -> str:
         out.append(f"- `{name}`: " + ", ".join(f"`{k}` = {v}" for k, v in values.items()))
     out.append("")
     return "\n".join(out)
+
+
+def _kind_facts() -> list[str]:
+    """The facts of every record kind (schemas/layouts.json ``record_kind_facts``): how it is written, validated,
+    drawn and exported."""
+    facts = layout._SPEC["record_kind_facts"]
+    out = ["### What each kind is to kvconv\n", "Every record kind states these facts in `schemas/layouts.json`; "
+           "kvconv derives from them (docs/DEVELOPING.md, \"Adding a record kind\"):\n"]
+    out += [f"- `{name}`: {what}" for name, what in facts.items()] + [""]
+    out.append("| kind | clock | per context | validated by | Arrow table |")
+    out.append("| --- | --- | --- | --- | --- |")
+    for k in layout.KINDS.values():
+        out.append(f"| `{k.name}` | {k.clock} | {'yes' if k.per_context else 'no'} | "
+                   f"{('`' + k.validate + '`') if k.validate else 'structure only'} | "
+                   f"{_cell(k.arrow) if k.arrow else 'not exported'} |")
+    out.append("")
+    return out
 
 
 FINDINGS_INTRO = """# kvconv finding and error codes
@@ -216,16 +234,9 @@ version, the table name, the run metadata and the clock alignment of its context
 of the same field in docs/FORMAT.md.
 """
 
-TABLES = {  # what each table is; a new table must be described here (render_outputs fails otherwise)
-    "device_event": "one row per device event (layout `device_event`)",
-    "graph_node": "one row per graph_node host record (layout `host_launch`)",
-    "eager_launch": "one row per eager_launch host record (layout `host_launch`)",
-    "kernel": "the kernel table, with the names resolved",
-    "clock_sync": "the clock-sync pairs",
-    "canary": "one row per canary record (step, buffer), with the buffer name resolved",
-    "canary_pages": "the page lists canary records point into",
-    "metadata": "the run metadata",
-    "strings": "the string blob",
+TABLES = {  # what each table is: a record kind's is its "arrow" in schemas/layouts.json; render_outputs fails on
+    # a table described nowhere
+    **{k.name: k.arrow for k in layout.KINDS.values() if k.arrow},
     "matches": "one row per device event: the host record it joins (kvconv reconcile's matches)",
 }
 COLUMNS = {  # columns that are not a layout field

@@ -583,6 +583,7 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
             if g.kind_name != "device_event" and not g.lost_records and not g.crc_ok(release=release):
                 _crc_finding(c, g)
         _check_clock_sync(d, c)
+        _check_kinds(d, c)
         rep.findings.extend(c.out)
         structurally_sound = not rep.unreadable and not any(f.code == "payload-checksum" for f in rep.findings)
         if structurally_sound and rc_error is not None:
@@ -596,6 +597,21 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
         if progress is not None:
             progress(d.size, d.size)
     return rep
+
+
+# The record kinds' checks that the passes of validate() run themselves (schemas/layouts.json "validate"); any other
+# kind's hook runs in _check_kinds. tests/test_kinds.py checks that validate reaches every kind's hook.
+_OWN_HOOKS = frozenset(f"{__name__}:{f.__name__}" for f in (_check_metadata, _check_kernels, _check_device_events,
+                                                             _check_host_launches, _check_clock_sync)) | {
+    "kvconv.check.canary:check"}
+
+
+def _check_kinds(d: dumpmod.Dump, c: _Collector) -> None:
+    """A record kind checked by a hook of its own (``"validate": "module:function"`` in schemas/layouts.json):
+    ``hook(d, c)``, reporting through ``c.add`` / ``c.mask``, once per dump holding the kind (docs/DEVELOPING.md)."""
+    hooks = [k.validate for k in layout.KINDS.values() if k.validate and d.groups_of(k.name)]
+    for spec in dict.fromkeys(h for h in hooks if h not in _OWN_HOOKS):
+        layout.resolve_hook(spec)(d, c)
 
 
 def _reconciler(d: dumpmod.Dump, options: ValidateOptions):

@@ -76,11 +76,18 @@ class Layout:
 
 @dataclass(frozen=True)
 class RecordKind:
+    """A record kind of ``schemas/layouts.json`` with its facts (``record_kind_facts`` there: the one place that
+    says how the kind is written, validated, drawn and exported; docs/DEVELOPING.md, tests/test_kinds.py)."""
+
     name: str
     id: int
     layout: str | None
     record_size: int
     doc: str = ""
+    clock: str | None = None  # clock_domain name a group of this kind carries by default
+    per_context: bool | None = None  # a context holding it is one the emitters draw
+    validate: str | None = None  # "module:function" that checks its records in kvconv validate
+    arrow: str | None = None  # what its kvconv arrow table holds (None: not exported)
 
 
 def _load() -> dict:
@@ -136,13 +143,30 @@ HEADER_SIZE: int = _SPEC["header_size"]
 ALIGN: int = _SPEC["payload_alignment"]
 LAYOUTS: dict[str, Layout] = _layouts(_SPEC)
 DTYPES: dict[str, np.dtype] = {name: _dtype(lay) for name, lay in LAYOUTS.items()}
+KIND_FACTS: tuple[str, ...] = tuple(_SPEC["record_kind_facts"])  # every kind states each (tests/test_kinds.py)
 KINDS: dict[str, RecordKind] = {
-    name: RecordKind(name=name, id=k["id"], layout=k["layout"], record_size=k["record_size"], doc=k.get("doc", ""))
+    name: RecordKind(name=name, id=k["id"], layout=k["layout"], record_size=k["record_size"], doc=k.get("doc", ""),
+                     **{f: k.get(f) for f in KIND_FACTS})
     for name, k in _SPEC["record_kinds"].items()
 }
 KINDS_BY_ID: dict[int, RecordKind] = {k.id: k for k in KINDS.values()}
 ENUMS: dict[str, dict[str, int]] = _SPEC["enums"]
 HEADER_DTYPE = DTYPES["header"]
+CONTEXT_KINDS: frozenset[str] = frozenset(k.name for k in KINDS.values() if k.per_context)
+ARROW_KINDS: frozenset[str] = frozenset(k.name for k in KINDS.values() if k.arrow)
+
+
+def default_clock(kind: RecordKind) -> int:
+    """The clock_domain value a group of ``kind`` carries unless its writer names another."""
+    return ENUMS["clock_domain"][kind.clock or "none"]
+
+
+def resolve_hook(spec: str):
+    """The function a ``"module:function"`` fact names (a kind's ``validate`` hook)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def kind_dtype(kind: RecordKind) -> np.dtype:
@@ -181,6 +205,14 @@ def _kind_minor_c() -> list[str]:
             "    default: return KVCONV_MINOR_BASE;", "  }", "}"]
 
 
+def _kind_clock_c() -> list[str]:
+    """``kvconv_kind_clock(kind)``: the clock_domain a group of that record kind carries (record_kinds' ``clock``)."""
+    cases = [f"    case {k.id}: return {default_clock(k)}; /* {k.name}: {k.clock} */" for k in KINDS.values()
+             if default_clock(k)]
+    return ["static inline uint16_t kvconv_kind_clock(uint16_t kind) {", "  switch (kind) {", *cases,
+            "    default: return 0; /* none */", "  }", "}"]
+
+
 def c_header() -> str:
     """The C/C++/CUDA header for native/: structs, kind ids, enums, and static_asserts on every size and offset."""
     lines = [
@@ -203,6 +235,7 @@ def c_header() -> str:
         "#define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */",
         *[f"#define KVCONV_MINOR_{n.upper()} {m} /* a group with header flag {n} */" for n, m in MINOR_OF_FLAGS.items()],
         *_kind_minor_c(),
+        *_kind_clock_c(),
         f"#define KVCONV_HEADER_SIZE {HEADER_SIZE}",
         f"#define KVCONV_PAYLOAD_ALIGN {ALIGN}",
         "",

@@ -26,13 +26,6 @@ import numpy as np
 from kvconv.format import layout
 from kvconv.format.errors import SchemaError
 
-_DEFAULT_CLOCK = {
-    "device_event": "gpu_globaltimer",
-    "graph_node": "host_monotonic",
-    "eager_launch": "host_monotonic",
-    "canary": "host_monotonic",
-}
-
 
 def make_header(
     kind: layout.RecordKind,
@@ -64,7 +57,7 @@ def make_header(
     h["context_id"] = context_id
     h["device_id"] = device_id
     if clock_domain is None:
-        clock_domain = layout.ENUMS["clock_domain"][_DEFAULT_CLOCK.get(kind.name, "none")]
+        clock_domain = layout.default_clock(kind)  # the kind's "clock" in schemas/layouts.json
     h["clock_domain"] = clock_domain
     h["payload_crc32"] = payload_crc32
     raw = bytearray(h.tobytes())

@@ -25,6 +25,16 @@ static inline uint16_t kvconv_kind_minor(uint16_t kind) {
     default: return KVCONV_MINOR_BASE;
   }
 }
+static inline uint16_t kvconv_kind_clock(uint16_t kind) {
+  switch (kind) {
+    case 5: return 2; /* device_event: gpu_globaltimer */
+    case 6: return 1; /* graph_node: host_monotonic */
+    case 7: return 1; /* eager_launch: host_monotonic */
+    case 8: return 1; /* canary: host_monotonic */
+    case 12: return 1; /* write_step: host_monotonic */
+    default: return 0; /* none */
+  }
+}
 #define KVCONV_HEADER_SIZE 64
 #define KVCONV_PAYLOAD_ALIGN 8
 
