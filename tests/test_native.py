@@ -158,6 +158,32 @@ def test_h200_fixture_agreement(path):
     assert c["sanitizer_errors"] == 0 and c["target_launches"] == 320
 
 
+def test_h200_single_learned_graph_exec(tmp_path):
+    """h200-single was re-recorded with the tracer of issue 15: the graph exec is learned in its first replay (node
+    callbacks, per-launch data for 40 nodes), replays 2..7 come from one graph-launch callback each (a tag cell written
+    on the launch stream, the 40 learned records appended with that replay's launch id and time), and the exact join
+    still matches every event."""
+    from conftest import run_cli
+
+    with dump.open(FIX / "h200-single/single.kvdump") as d:
+        c = d.metadata()["counters"]
+        gn = d.records("graph_node")
+    assert (c["graph_execs_learned"], c["graph_execs_per_node"], c["graph_learn_failures"]) == (1, 0, 0)
+    assert c["launch_data_set"] == 40 and c["graph_replays_from_learned_nodes"] == c["tag_cells_written"] == 6
+    assert (gn["flags"] & 8).all() and (gn["tag"] == gn["launch_id"]).all()  # has_tag on every record
+    for rid in range(1, 8):
+        rows = gn[gn["launch_id"] == rid]
+        assert len(rows) == 40 and sorted(rows["grid_id"]) == sorted(gn[gn["launch_id"] == 1]["grid_id"])
+        # replay 1 observed node by node (40 callback times); the learned replays share their launch callback's time
+        assert len(set(rows["host_ns"].tolist())) == (40 if rid == 1 else 1)
+    src = FIX / "h200-single" / "single.kvdump"
+    (tmp_path / src.name).write_bytes(src.read_bytes())
+    r = run_cli("reconcile", src.name, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "280 graph-node records = 280 expected executions = 280 device events, 0 drops" in r.stdout
+    assert "1,760 matched to a launch, 0 unmatched" in r.stdout
+
+
 def test_h200_first_launch_fully_covered():
     with dump.open(FIX / "h200-single/single.kvdump") as d:
         el = d.records("eager_launch")

@@ -106,7 +106,12 @@ void load_config() {
   if (g_cfg.flush_ms < 1) g_cfg.flush_ms = 1;
   g_cfg.tag = env_u64("KVCONV_TAG", 1) != 0;
   g_cfg.graph_callbacks = env_u64("KVCONV_GRAPH_CALLBACKS", 1) != 0;
-  if (const char* cb = getenv("KVCONV_CALLBACKS"); cb && !strcmp(cb, "domains")) g_cfg.whole_domains = true;
+  g_cfg.graph_learn = env_u64("KVCONV_GRAPH_LEARN", 1) != 0;
+  if (const char* cb = getenv("KVCONV_CALLBACKS"); cb && *cb) {
+    if (!strcmp(cb, "domains")) g_cfg.whole_domains = true;
+    else if (!strcmp(cb, "none")) g_cfg.no_callbacks = true;
+    else if (strcmp(cb, "minimal")) logf(0, "warning: KVCONV_CALLBACKS=%s is not minimal, domains or none; using minimal", cb);
+  }
   g_cfg.verbose = static_cast<int>(env_u64("KVCONV_VERBOSE", 0));
   std::string dir = self_dir();
   const char* pf = getenv("KVCONV_PATCH_FILE");

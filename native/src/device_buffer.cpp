@@ -22,8 +22,13 @@ static const uint64_t kStageEvents = 16384;   // 1 MiB of pinned staging per con
 static const uint64_t kAheadBytes = 256 << 10;  // file pages populated ahead of each table's end
 
 // Called with c->mu held, inside a sanitizer callback, before the first patched module is patched.
+// Behind the events: the node table and the tag cells of learned graph execs (graph_exec.cpp).
+static uint64_t events_bytes() { return g_cfg.dev_cap * sizeof(kvconv_device_event_t); }
+static uint64_t table_bytes() { return kNodeTableSlots * sizeof(kvconv_node_entry); }
+static uint64_t cells_bytes() { return kTagCells * sizeof(uint64_t); }
+
 static bool alloc_state(Ctx* c, uint64_t* state) {
-  const uint64_t bytes = KVCONV_STATE_ALIGN + KVCONV_EVENTS_OFFSET + g_cfg.dev_cap * sizeof(kvconv_device_event_t);
+  const uint64_t bytes = KVCONV_STATE_ALIGN + KVCONV_EVENTS_OFFSET + events_bytes() + table_bytes() + cells_bytes();
   void* p = nullptr;
   if (!SAN(sanitizerAlloc(c->ctx, &p, bytes))) return false;
   const uint64_t base = reinterpret_cast<uint64_t>(p);
@@ -53,16 +58,22 @@ bool setup_device(Ctx* c) {
   std::memset(&init, 0, sizeof init);
   init.events = state + KVCONV_EVENTS_OFFSET;
   init.capacity = g_cfg.dev_cap;
+  init.table = init.events + events_bytes();
+  init.table_mask = kNodeTableSlots - 1;
+  init.cells = init.table + table_bytes();
   init.writes = writes_setup(c);  // 0 unless KVCONV_WRITES=1 (writes.cpp)
   // The event buffer starts zeroed: the flusher reads slots the patch may not have written yet, and only a written
-  // slot passes complete() (memory reused from an earlier allocation could otherwise hold a stale event).
-  if (!SAN(sanitizerMemset(reinterpret_cast<void*>(init.events), 0, g_cfg.dev_cap * sizeof(kvconv_device_event_t),
+  // slot passes complete() (memory reused from an earlier allocation could otherwise hold a stale event). The node
+  // table and the tag cells start empty (gridid 0, tag 0) for the same reason.
+  if (!SAN(sanitizerMemset(reinterpret_cast<void*>(init.events), 0, events_bytes() + table_bytes() + cells_bytes(),
                            c->null_stream)))
     return false;
   if (!SAN(sanitizerMemcpyHostToDeviceAsync(reinterpret_cast<void*>(state), &init, sizeof init, c->null_stream)))
     return false;
   if (!SAN(sanitizerStreamSynchronize(c->null_stream))) return false;
   c->dev_events_addr = init.events;
+  c->table_dev = init.table;
+  c->cells_dev = init.cells;
   c->state_dev = state;
   c->setup_failed = false;
   logf(1, "context %u: %llu-event device buffer at %#llx, state at %#llx", c->index,

@@ -26,10 +26,15 @@ static void write_settings(kvconv::JsonWriter& j) {
   if (g_cfg.enter) kinds.push_back("block_enter");
   if (g_cfg.exit) kinds.push_back("block_exit");
   j.strings("event_kinds", kinds);
-  j.key("tag").begin_object().kv("source", "graph launch id").kv("bits", g_cfg.tag ? KVCONV_TAG_BITS : 0).end_object();
+  j.key("tag").begin_object().kv("source", "graph launch id").kv("bits", g_cfg.tag ? KVCONV_TAG_BITS : 0);
+  // how a replay's tag reaches the device and its graph-node records are made (graph_exec.cpp)
+  j.kv("delivery", g_cfg.graph_learn ? "learned nodes: per-launch data in an exec's first replay, then one tag cell "
+                                       "per replay (launch stream), records from the learned nodes"
+                                     : "per-launch data per node per replay").end_object();
   j.kv("clock_sync_period_ms", g_cfg.sync_ms);
-  j.kv("callbacks", std::string(g_cfg.whole_domains ? "domains" : "minimal") +
-                        (g_cfg.graph_callbacks ? "" : ",no-graph-nodes"));
+  j.kv("callbacks", std::string(g_cfg.no_callbacks ? "none" : g_cfg.whole_domains ? "domains" : "minimal") +
+                        (g_cfg.graph_callbacks ? (g_cfg.graph_learn ? ",graph-learn" : ",graph-nodes")
+                                               : ",no-graph-nodes"));
 }
 
 // The metadata of the live file: what is known at start. Counters are the group headers' (record_count,
@@ -49,6 +54,7 @@ std::string live_metadata_json() {
 struct Totals {
   uint64_t dev_drops = 0, gdrops = 0, edrops = 0, launches = 0, uploads = 0, patched = 0, late = 0, fdata = 0;
   uint64_t unwritten = 0, capfilt = 0, ldata = 0, syncfail = 0, unreadable = 0;
+  uint64_t learned = 0, per_node = 0, learn_fail = 0, relearned = 0, from_table = 0, cells = 0, stream_syncs = 0;
 };
 
 static Totals totals(const std::vector<Ctx*>& cs) {
@@ -67,6 +73,13 @@ static Totals totals(const std::vector<Ctx*>& cs) {
     t.ldata += c->launch_data_set.load();
     t.syncfail += c->sync_failures;
     t.unreadable += c->state_dev && !c->dev_state_read;
+    t.learned += c->execs_learned.load();
+    t.per_node += c->execs_per_node.load();
+    t.learn_fail += c->learn_failures.load();
+    t.relearned += c->execs_relearned.load();
+    t.from_table += c->replays_from_table.load();
+    t.cells += c->tag_cells_written.load();
+    t.stream_syncs += c->stream_switch_syncs.load();
   }
   return t;
 }
@@ -79,6 +92,12 @@ static void write_counters(kvconv::JsonWriter& j, const Totals& t) {
   j.kv("captured_launches_filtered", t.capfilt).kv("modules_patched", t.patched);
   j.kv("late_patched_modules", t.late).kv("functions_given_data", t.fdata).kv("launch_data_set", t.ldata);
   j.kv("device_events_unwritten", t.unwritten).kv("clock_sync_failures", t.syncfail);
+  // graph execs learned once (their replays recorded from the learned nodes), observed node by node instead, first
+  // launches without node callbacks (their target nodes have no host record), execs changed and learned again
+  j.kv("graph_execs_learned", t.learned).kv("graph_execs_per_node", t.per_node);
+  j.kv("graph_learn_failures", t.learn_fail).kv("graph_execs_relearned", t.relearned);
+  j.kv("graph_replays_from_learned_nodes", t.from_table).kv("tag_cells_written", t.cells);
+  j.kv("graph_stream_switch_syncs", t.stream_syncs);
   // contexts whose device state could not be read at the end (a sticky CUDA error): their device_event drop count
   // is the launched blocks not in the file, an upper bound, not an exact count
   if (t.unreadable) j.kv("device_state_unreadable", t.unreadable);

@@ -3,8 +3,8 @@
 // Records, per CUDA context:
 //   - device side: one 64-byte event per block of every target kernel (device patch patch.cu, block enter/exit),
 //     %gridid plus a per-replay tag delivered through per-launch callback data;
-//   - host side: graph kernel-node launches of target kernels (graph uploads filtered out), eager launches of
-//     target kernels, the kernel table, clock-sync pairs (CLOCK_MONOTONIC bracket around a %globaltimer read);
+//   - host side: graph kernel-node launches of target kernels (graph uploads filtered out; learned once per graph
+//     exec, then recorded per replay from one graph-launch callback: graph_exec.cpp), eager launches of target kernels, the kernel table, clock-sync pairs (CLOCK_MONOTONIC bracket around a %globaltimer read);
 // into a kvconv dump (schemas/layouts.json) that is valid on disk from start-up on (live_file.h) and finished at
 // context teardown or process exit (exit_paths.cpp). Configuration (environment): config.cpp, docs/TRACER.md.
 #include <pthread.h>
@@ -59,7 +59,8 @@ static void on_launch(const Sanitizer_LaunchData* ld) {
 }
 
 static void on_graph_node(const Sanitizer_GraphNodeLaunchData* nd) {
-  if (nd->nodeType != CU_GRAPH_NODE_TYPE_KERNEL) return;
+  const NodeRole role = nd->isGraphUpload ? NodeRole::kObserve : graph_node_role(nd);
+  if (role == NodeRole::kSkip || nd->nodeType != CU_GRAPH_NODE_TYPE_KERNEL) return;
   const Sanitizer_LaunchData& ld = nd->launchData;
   Ctx* c = get_ctx(ld.context);
   uint32_t slot = classify(c, ld.function, ld.functionName, ld.module, !nd->isGraphUpload);
@@ -84,6 +85,7 @@ static void on_graph_node(const Sanitizer_GraphNodeLaunchData* nd) {
     }
   }
   append_graph_node(c, r);
+  if (role == NodeRole::kLearn) graph_node_learned(nd, r);
 }
 
 static void on_resource(Sanitizer_CallbackId cbid, const void* cbdata) {
@@ -117,8 +119,24 @@ static void SANITIZERAPI callback(void*, Sanitizer_CallbackDomain domain, Saniti
     on_resource(cbid, cbdata);
   } else if (domain == SANITIZER_CB_DOMAIN_LAUNCH && cbid == SANITIZER_CBID_LAUNCH_BEGIN) {
     on_launch(static_cast<const Sanitizer_LaunchData*>(cbdata));
-  } else if (domain == SANITIZER_CB_DOMAIN_GRAPHS && cbid == SANITIZER_CBID_GRAPHS_NODE_LAUNCH_BEGIN) {
-    on_graph_node(static_cast<const Sanitizer_GraphNodeLaunchData*>(cbdata));
+  } else if (domain == SANITIZER_CB_DOMAIN_GRAPHS) {
+    switch (cbid) {
+      case SANITIZER_CBID_GRAPHS_NODE_LAUNCH_BEGIN:
+        on_graph_node(static_cast<const Sanitizer_GraphNodeLaunchData*>(cbdata));
+        break;
+      case SANITIZER_CBID_GRAPHS_LAUNCH_BEGIN:
+      case SANITIZER_CBID_GRAPHS_LAUNCH_END:
+        on_graph_launch(cbid, static_cast<const Sanitizer_GraphLaunchData*>(cbdata));
+        break;
+      case SANITIZER_CBID_GRAPHS_GRAPHEXEC_CREATED:
+      case SANITIZER_CBID_GRAPHS_GRAPHEXEC_DESTROYING:
+        on_graph_exec(cbid, static_cast<const Sanitizer_GraphExecData*>(cbdata));
+        break;
+      default:
+        break;
+    }
+  } else if (domain == SANITIZER_CB_DOMAIN_DRIVER_API) {
+    on_graph_exec_api(static_cast<const Sanitizer_CallbackData*>(cbdata));
   }
 }
 
@@ -149,11 +167,12 @@ static void read_cmdline() {
 }
 
 static bool enable_callbacks() {
+  if (g_cfg.no_callbacks) return true;  // the floor: injected and subscribed, nothing else
   bool ok = true;
   if (g_cfg.whole_domains) {
     ok &= SAN(sanitizerEnableDomain(1, g_sub, SANITIZER_CB_DOMAIN_RESOURCE));
     ok &= SAN(sanitizerEnableDomain(1, g_sub, SANITIZER_CB_DOMAIN_LAUNCH));
-    if (g_cfg.graph_callbacks) ok &= SAN(sanitizerEnableDomain(1, g_sub, SANITIZER_CB_DOMAIN_GRAPHS));
+    if (g_cfg.graph_callbacks) ok &= enable_graph_callbacks(g_sub);
     return ok;
   }
   // Only the callbacks used: every enabled callback costs time on the launch path.
@@ -163,8 +182,8 @@ static bool enable_callbacks() {
       SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_PATCHED};
   for (auto id : res) ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_RESOURCE, id));
   ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_LAUNCH, SANITIZER_CBID_LAUNCH_BEGIN));
-  if (g_cfg.graph_callbacks)
-    ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_GRAPHS, SANITIZER_CBID_GRAPHS_NODE_LAUNCH_BEGIN));
+  // graph nodes: the launch of a graph, its exec's creation and changes; node callbacks only while learning
+  if (g_cfg.graph_callbacks) ok &= enable_graph_callbacks(g_sub);
   return ok;
 }
 

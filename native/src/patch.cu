@@ -21,14 +21,37 @@ static __device__ __forceinline__ unsigned int kv_smid() {
   return s;
 }
 
+// The replay tag of a learned graph node: its exec's tag cell, written on the launch stream before the replay (L2
+// loads: the host's copies bypass this SM's L1). `fallback` (userdata's tag) when the node is not in the table or
+// the cell is 0.
+static __device__ __forceinline__ unsigned long long kv_node_tag(const kvconv_dev_state* st, unsigned long long gid,
+                                                                 unsigned long long fallback) {
+  const unsigned long long table = __ldcg(&st->table);
+  if (!table) return fallback;
+  const kvconv_node_entry* t = reinterpret_cast<const kvconv_node_entry*>(table);
+  const unsigned long long mask = __ldcg(&st->table_mask);
+  for (unsigned int i = 0; i < KVCONV_TABLE_PROBES; ++i) {
+    const kvconv_node_entry* e = t + ((gid + i) & mask);
+    const unsigned long long k = __ldcg(&e->gridid);
+    if (k == gid) {
+      const unsigned long long v = __ldcg(reinterpret_cast<const unsigned long long*>(__ldcg(&st->cells)) +
+                                          __ldcg(&e->cell));
+      return v ? (v & KVCONV_TAG_MASK) : fallback;
+    }
+    if (k == 0) break;
+  }
+  return fallback;
+}
+
 static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata, uint64_t pc, unsigned char kind) {
   if (userdata == nullptr) return SANITIZER_PATCH_SUCCESS;
   if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0) return SANITIZER_PATCH_SUCCESS;
   const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);
   kvconv_dev_state* st = reinterpret_cast<kvconv_dev_state*>(u & KVCONV_STATE_MASK);
-  const unsigned long long tag = u & KVCONV_TAG_MASK;
   const unsigned int slot = static_cast<unsigned int>(u >> KVCONV_SLOT_SHIFT);
+  const unsigned long long gid = kv_gridid();
   const unsigned long long seq = atomicAdd(&st->next, 1ull);
+  const unsigned long long tag = kv_node_tag(st, gid, u & KVCONV_TAG_MASK);
   if (seq >= st->capacity) {
     atomicAdd(&st->drops, 1ull);
     return SANITIZER_PATCH_SUCCESS;
@@ -37,7 +60,7 @@ static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata,
   kvconv_device_event_t e;
   e.globaltimer = kv_globaltimer();
   e.pc = pc;
-  e.gridid = kv_gridid();
+  e.gridid = gid;
   e.tag = tag;
   e.sequence = seq;
   e.kernel_slot = slot;

@@ -8,6 +8,7 @@
 //   clock_sync.cpp    clock-sync pairs and their background thread
 //   dump_output.cpp   metadata (JSON writer) and the finished dump (compacted from the live file)
 //   exit_paths.cpp    the flusher thread, atexit, SIGTERM/SIGINT, crash signals, fork
+//   graph_exec.cpp    graph execs: target nodes learned once per exec, then per replay one tag and their records
 //   injection.cpp     InitializeInjection and the callback dispatch
 //   writes.cpp        the write-address canary: written KV slots per block (memory-access patch), caches, steps
 #pragma once
@@ -49,7 +50,9 @@ struct Config {
   int flush_ms = 1;              // KVCONV_FLUSH_MS: device events copied into the dump file at least this often
   bool tag = true;
   bool graph_callbacks = true;   // KVCONV_GRAPH_CALLBACKS=0: no graph-node records (overhead measurement only)
+  bool graph_learn = true;       // KVCONV_GRAPH_LEARN=0: a graph-node callback per node per replay (the old design)
   bool whole_domains = false;    // KVCONV_CALLBACKS=domains: enable whole callback domains (the facts-note setup)
+  bool no_callbacks = false;     // KVCONV_CALLBACKS=none: injected and subscribed, nothing enabled (the cost floor)
   int verbose = 0;
   std::string patch_file, clocksync_file;
 };
@@ -142,6 +145,12 @@ struct Ctx {
   std::atomic<uint64_t> target_launches{0}, uploads_filtered{0}, captured_launches_filtered{0};
   std::atomic<uint64_t> modules_patched{0}, late_patched_modules{0}, functions_given_data{0};
   std::atomic<uint64_t> launch_data_set{0};
+  // learned graph execs (graph_exec.cpp; the table and next_cell under its lock)
+  uint64_t table_dev = 0, cells_dev = 0;   // device node table and tag cells (inside the state allocation)
+  std::vector<kvconv_node_entry> node_table;  // host copy of the device node table
+  uint32_t next_cell = 1;                  // tag cell 0 is never handed out
+  std::atomic<uint64_t> execs_learned{0}, execs_per_node{0}, learn_failures{0}, execs_relearned{0};
+  std::atomic<uint64_t> replays_from_table{0}, tag_cells_written{0}, stream_switch_syncs{0};
   // clock sync
   std::mutex sync_mu;
   std::vector<kvconv_clock_sync_t> syncs;
@@ -179,6 +188,8 @@ void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_
 uint64_t encode(const Ctx* c, uint32_t slot, uint64_t tag);
 
 // ------------------------------------------------------------------ device_buffer.cpp
+static const uint64_t kNodeTableSlots = 1 << 16;  // learned target graph nodes (1 MiB of device memory)
+static const uint64_t kTagCells = 1 << 14;        // graph execs with target nodes (128 KiB)
 bool setup_device(Ctx* c);  // c->mu held, inside a sanitizer callback
 // Flusher thread only (or a thread that stopped it): device memory -> dump file; returns events newly published.
 // `settled`: publish every complete event (a crash flush); else only those already complete one copy earlier.
@@ -193,6 +204,17 @@ void append_graph_node(Ctx* c, const kvconv_host_launch_t& r);
 void append_eager(Ctx* c, const kvconv_host_launch_t& r);
 void add_kernel(Ctx* c, const KernelInfo& k);  // c->mu held: kernel table + strings, live
 std::string module_name(uint64_t module);
+
+// ------------------------------------------------------------------ graph_exec.cpp
+// A graph node callback: what to do with it. kSkip: its exec's replays are recorded from the learned nodes;
+// kLearn: the exec's learning launch (record it as observed and learn it); kObserve: record it as observed.
+enum class NodeRole { kSkip, kLearn, kObserve };
+bool enable_graph_callbacks(Sanitizer_SubscriberHandle sub);
+void on_graph_launch(Sanitizer_CallbackId cbid, const Sanitizer_GraphLaunchData* d);
+void on_graph_exec(Sanitizer_CallbackId cbid, const Sanitizer_GraphExecData* d);
+void on_graph_exec_api(const Sanitizer_CallbackData* d);  // driver API that changes an exec's nodes
+NodeRole graph_node_role(const Sanitizer_GraphNodeLaunchData* nd);
+void graph_node_learned(const Sanitizer_GraphNodeLaunchData* nd, const kvconv_host_launch_t& r);
 
 // ------------------------------------------------------------------ writes.cpp (the write-address canary, issue 16)
 bool writes_enabled();                   // KVCONV_WRITES=1

@@ -7,6 +7,12 @@
 //   tag:           per-replay tag (the graph launch id), 0 for eager launches and function-level data.
 // Only the state address is ever dereferenced; the other bits are values, never memory.
 // A NULL userdata means "not a target" (non-target functions of a patched module): the patch returns at once.
+//
+// The replay tag of a graph exec whose nodes are learned (graph_exec.cpp) does not come through userdata: the host
+// writes it once per graph launch into the exec's tag cell, on the launch stream (so before the replay's kernels run),
+// and the patch finds the cell from %gridid (constant across replays of one exec) in the node table: open addressing,
+// key gridid, slot (gridid + i) & table_mask for i < KVCONV_TABLE_PROBES, an empty slot (gridid 0) ends the search.
+// A table hit whose cell holds 0 (not written yet, or the exec is being relearned) falls back to userdata's tag.
 #pragma once
 #include <stdint.h>
 
@@ -22,6 +28,16 @@ struct kvconv_dev_state {
   unsigned long long capacity;  // records
   unsigned long long next;      // slot counter: one atomicAdd per recorded block
   unsigned long long drops;     // blocks that found the buffer full (never waited on)
-  unsigned long long reserved[3];
+  unsigned long long table;     // device address of kvconv_node_entry[table_mask + 1] (0: no node table)
+  unsigned long long table_mask;
+  unsigned long long cells;     // device address of the graph execs' tag cells (unsigned long long each)
   unsigned long long writes;    // device address of kvconv_writes_state (writes_shared.h); 0: write recording off
 };
+
+// One target graph node: its %gridid and the index of its exec's tag cell.
+struct kvconv_node_entry {
+  unsigned long long gridid;  // 0: empty slot
+  unsigned long long cell;
+};
+
+#define KVCONV_TABLE_PROBES 16
