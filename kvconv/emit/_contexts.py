@@ -85,7 +85,7 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
                     continue
                 groups = d.groups_of("device_event", context_id=ctx)
                 kinds = {g.kind.name for g in d.groups if g.kind is not None and g.context_id == ctx}
-                if not (kinds & {"device_event", "graph_node", "eager_launch", "canary", "clock_sync"}):
+                if not (kinds & layout.CONTEXT_KINDS):  # the kinds whose "per_context" is true (layouts.json)
                     continue
                 clock = of_dump(d, ctx)
                 c = Ctx(serial=len(ctxs), dump=d, label=Path(d.path).name, run=run, context_id=ctx, device_id=dev,

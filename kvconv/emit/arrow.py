@@ -252,6 +252,12 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
     s.close()
 
 
+# Record kinds whose table is made by code of its own here (names resolved, pages flattened, ...); any other kind
+# whose "arrow" is set in schemas/layouts.json is exported as its records (tests/test_kinds.py checks the set).
+_OWN_TABLES = frozenset({"device_event", "graph_node", "eager_launch", "kernel", "canary", "canary_pages", "metadata",
+                         "strings"})
+
+
 def _small_tables(pa, c, sink) -> int:
     """Every table of the context but device_event and matches; returns the host records written."""
     d, ctx = c.dump, c.context_id
@@ -282,8 +288,9 @@ def _small_tables(pa, c, sink) -> int:
     if has("kernel"):
         table("kernel", layout.DTYPES["kernel"], [pa.field("name", pa.string()), pa.field("module", pa.string())],
               lambda r: {"name": names(r, "name_off", "name_len"), "module": names(r, "module_off", "module_len")})
-    if has("clock_sync"):
-        table("clock_sync", layout.DTYPES["clock_sync"])
+    for kind in layout.KINDS.values():  # every other exported kind: its records as they are, a column per field
+        if kind.arrow and kind.layout and kind.name not in _OWN_TABLES and has(kind.name):
+            table(kind.name, layout.DTYPES[kind.layout])
     if has("canary"):
         table("canary", layout.DTYPES["canary"], [pa.field("buffer", pa.string())],
               lambda r: {"buffer": names(r, "name_off", "name_len")})
