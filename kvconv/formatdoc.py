@@ -225,6 +225,20 @@ Flows (`launch`): from each host launch record to up to `--flows` of its device 
 clock-sync pairs as ClockSnapshots; Chrome has one time base, so device times are mapped onto the host
 `CLOCK_MONOTONIC` timeline by the piecewise-constant rule in docs/FORMAT.md. `ts` in Chrome is in microseconds.
 
+### Inside a torch.profiler trace (`kvconv chrome DUMP --merge TORCH_TRACE.json -o merged.json`)
+
+The merged file is the torch.profiler trace (its events unchanged) with kvconv's Chrome events appended, their pids
+moved to 2^30 + pid. Clocks: torch.profiler writes CPU events at `(CLOCK_REALTIME ns - baseTimeNanoseconds) / 1000`
+µs; kvconv's host records are `CLOCK_MONOTONIC`. Neither file states REALTIME - MONOTONIC, so the profiled program
+calls `kvconv.emit.torchmerge.clock_anchor()` at the start and end of the profiled run: two `record_function` ranges
+named after `CLOCK_MONOTONIC` read just before each. The offset lies between the first range's end minus the second
+reading and the first range's start minus the first reading; the merge takes the middle, and its stated error is
+the half width plus the anchors' disagreement (`kvconv_merge.error_ns`; the device tracks add kvconv's clock-sync
+bound, `otherData.alignment`). On the H200 fixture (fixtures/h200-torch-merge) the error is ±10.25 µs, and the
+offset is 0.01-0.74 µs from REALTIME - MONOTONIC read back to back in the profiled process. The profiler's own GPU
+rows are absent when kvconv records: Kineto's CUPTI cannot subscribe while the tracer holds the callbacks
+(`CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED`), so the kernels on the timeline are kvconv's.
+
 ## Arrow / Parquet tables (`kvconv arrow`)
 
 A Hive-partitioned dataset: `OUT/<table>/run=<dump file stem>/device=<device id>/part-ctx<context>.arrow` (or

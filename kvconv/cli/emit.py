@@ -84,6 +84,8 @@ _QUIET = QUIET
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
 
 
+_MERGE = typer.Option(None, "--merge", metavar="TORCH_TRACE.json", help="put kvconv's tracks into this "
+                      "torch.profiler trace of the same run, aligned on its clock (kvconv.emit.torchmerge)")
 _FMT = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet")
 _COMPRESSION = typer.Option("none", "--compression", help="none, lz4 or zstd")
 
@@ -95,6 +97,8 @@ def _parameters(fmt: Format) -> list[inspect.Parameter]:
         opts += [("window", Optional[str], _WINDOW), ("replays", Optional[str], _REPLAYS), ("flows", int, _FLOWS)]
     if fmt.tables:
         opts += [("fmt", str, _FMT), ("compression", str, _COMPRESSION)]
+    if fmt.name == "chrome":
+        opts += [("merge", Optional[Path], _MERGE)]
     opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", Optional[bool], _PROGRESS),
              ("salvage", bool, _SALVAGE), ("force", bool, FORCE), ("quiet", bool, _QUIET)]
     return [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a) for n, a, d in opts]
@@ -105,11 +109,19 @@ def command(fmt: Format):
 
     def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, fmt_=fmt, **kind) -> None:
         extra = {}
+        merge = kind.pop("merge", None)
         if fmt_.tables:
             compression = kind.pop("compression")
             extra = {"arrow_format": kind.pop("fmt"), "compression": None if compression == "none" else compression}
         opts = _options(reconcile=reconcile, chunk=chunk, progress=False if quiet else progress, salvage=salvage,
                         force=force, **kind, **extra)
+        if merge is not None:
+            from kvconv.emit.torchmerge import report_merge, write_merged
+
+            res, al = write_merged(fmt_.write, dumps, out, merge, options=opts)
+            _report(res, quiet)
+            report_merge(al, merge, quiet=quiet)
+            return
         _report(fmt_.write(dumps, out, options=opts), quiet)
 
     params = _parameters(fmt)
