@@ -86,6 +86,7 @@ class BlockPairer:
         self.hold = hold
         self.held: deque = deque()  # (base, records) of the latest chunks before the first exit (views, no copy)
         self.held_n = 0
+        self.held_enters: deque = deque()  # entries of each held chunk
 
     @property
     def open(self) -> int:
@@ -103,15 +104,19 @@ class BlockPairer:
             for b, r in self.held:
                 self._open(b, r)
             self.held.clear()
+            self.held_enters.clear()
         return self._open(base, recs)
 
     def _hold(self, base: int, recs: np.ndarray) -> None:
+        # entries counted now, while the chunk is read: a chunk let go later may have had its pages given back
+        # (kvconv.format.dump.release_pages), and reading it then would fault the whole file back in
         self.held.append((base, recs))
+        self.held_enters.append(int(np.count_nonzero(recs["kind"] == BLOCK_ENTER)))
         self.held_n += len(recs)
         while self.held_n - len(self.held[0][1]) >= self.hold:
             _, r = self.held.popleft()
             self.held_n -= len(r)
-            self.skipped += int(np.count_nonzero(r["kind"] == BLOCK_ENTER))
+            self.skipped += self.held_enters.popleft()
 
     def _open(self, base: int, recs: np.ndarray) -> Pairs:
         kind = recs["kind"]
