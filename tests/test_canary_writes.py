@@ -136,3 +136,24 @@ def test_unreadable_dump_exits_2(tmp_path):
     (tmp_path / "bad.kvdump").write_bytes(b"not a dump at all, longer than a header " * 4)
     r = run_cli("canary", "--writes", "bad.kvdump", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_json_follows_its_schema(case):
+    import jsonschema
+
+    from kvconv.format.layout import load_json_schema
+
+    r = run_cli("canary", "--writes", f"writes-{case}.kvdump", "--json", cwd=FIXTURES / f"writes-{case}")
+    res = json.loads(r.stdout)["dumps"][0]["result"]
+    jsonschema.validate(res, load_json_schema("canary_writes.schema.json"))
+    assert res["ok"] == (case == "clean") and res["summary"]["errors"] == sum(
+        f["count"] for f in res["findings"] if f["severity"] == "error")
+
+
+def test_record_writes_sets_the_tracer_switch(tmp_path):
+    from kvconv.capture.record import RecordOptions, tracer_env
+
+    assert tracer_env(RecordOptions(writes=True), lib="x.so", base={})["KVCONV_WRITES"] == "1"
+    assert "KVCONV_WRITES" not in tracer_env(RecordOptions(), lib="x.so", base={})
+    assert "--writes" in run_cli("record", "--help").stdout

@@ -55,6 +55,7 @@ class RecordOptions:
     validate: bool = True
     verbose: int = 0
     force: bool = False  # replace an existing dump at a literal output path (one without %p / %c)
+    writes: bool = False  # the write-address canary: KV slots written per block (KVCONV_WRITES=1, docs/CANARY.md)
 
     def __post_init__(self) -> None:
         if not self.kernels or any(not k or "," in k for k in self.kernels):
@@ -148,6 +149,8 @@ def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | N
         env["KVCONV_CLOCK_SYNC_MS"] = str(options.clock_sync_ms)
     if options.verbose:
         env["KVCONV_VERBOSE"] = str(options.verbose)
+    if options.writes:
+        env["KVCONV_WRITES"] = "1"
     return env
 
 

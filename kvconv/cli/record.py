@@ -6,12 +6,10 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 import typer
 
 from kvconv.cli.common import FORCE, output_option
-
 
 app = typer.Typer()
 
@@ -19,21 +17,23 @@ app = typer.Typer()
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def record(
     ctx: typer.Context,
-    kernel: Optional[List[str]] = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
-                                               help="substring of a target kernel name (repeatable; mangled or "
-                                                    "demangled); default reshape_and_cache_flash_kernel"),
+    kernel: list[str] | None = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
+                                            help="substring of a target kernel name (repeatable; mangled or "
+                                                 "demangled); default reshape_and_cache_flash_kernel"),
     output: str = output_option("dump path; %p = pid, %c = CUDA context index", "kvconv-%p.kvdump"),
-    device_capacity: Optional[int] = typer.Option(None, "--device-capacity",
-                                                  help="device events per context (default 1048576)"),
-    host_capacity: Optional[int] = typer.Option(None, "--host-capacity",
-                                                help="host records per table (default 65536)"),
+    device_capacity: int | None = typer.Option(None, "--device-capacity",
+                                               help="device events per context (default 1048576)"),
+    host_capacity: int | None = typer.Option(None, "--host-capacity",
+                                             help="host records per table (default 65536)"),
     events: str = typer.Option("enter", "--events", help="block events: enter, exit or enter,exit"),
-    clock_sync_ms: Optional[int] = typer.Option(None, "--clock-sync-ms",
-                                                help="clock-sync period in ms (default 1000; 0 = start/end)"),
+    clock_sync_ms: int | None = typer.Option(None, "--clock-sync-ms",
+                                             help="clock-sync period in ms (default 1000; 0 = start/end)"),
     no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
     no_validate: bool = typer.Option(False, "--no-validate", help="skip validating the dump(s)"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)"),
     force: bool = FORCE,
+    writes: bool = typer.Option(False, "--writes", help="also record the KV slots each block of the target kernels "
+                                "writes (the write-address canary: kvconv canary --writes; docs/CANARY.md)"),
 ) -> None:
     """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
@@ -41,8 +41,9 @@ def record(
 
     Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
     """
+    from kvconv.capture.record import RecordOptions
+    from kvconv.capture.record import record as run_record
     from kvconv.cli import err
-    from kvconv.capture.record import RecordOptions, record as run_record
 
     cmd = list(ctx.args)
     if cmd and cmd[0] == "--":
@@ -50,7 +51,7 @@ def record(
     opts = RecordOptions(kernels=tuple(kernel) if kernel else RecordOptions.kernels, output=output,
                          device_capacity=device_capacity, host_capacity=host_capacity,
                          events=tuple(e for e in events.split(",") if e), clock_sync_ms=clock_sync_ms,
-                         build=not no_build, validate=not no_validate, verbose=verbose, force=force)
+                         build=not no_build, validate=not no_validate, verbose=verbose, force=force, writes=writes)
     res = run_record(cmd, options=opts)
     if not res.dumps:
         err(f"Error: the command wrote no dump matching {output} (did it use CUDA and a target kernel?)")

@@ -154,7 +154,13 @@ def check(d, *, path: str | None = None) -> WritesResult:
     if not tot["records"] or not tot["steps"]:
         res.findings.append(Finding("warning", "writes-nothing-checked", "no slot_write records, or no recorded step "
                                     "(write_step) to check them against: nothing was verified", path=res.path))
-    res.summary = dict(tot) | {f"{c}": n for c, n in fs.counts.items()}
+    n = fs.counts
+    res.summary = {"records": tot["records"], "steps": tot["steps"], "caches": tot["caches"],
+                   "writes_outside_steps": tot["writes_outside_steps"],
+                   "unmapped_writes": n["writes-unmapped-slot"], "missing_slots": n["writes-missing-slot"],
+                   "outside_writes": n["writes-outside-cache"], "slot_conflicts": n["writes-slot-conflict"],
+                   "errors": sum(f.count for f in res.findings if f.severity == "error"),
+                   "warnings": sum(f.count for f in res.findings if f.severity == "warning")}
     return res
 
 
@@ -273,9 +279,9 @@ def _row(steps, smap, si, r) -> str:
 def report_text(res: WritesResult) -> str:
     s = res.summary
     lines = [f"{res.path}: {s.get('records', 0)} slot-write records, {s.get('steps', 0)} steps, "
-             f"{s.get('caches', 0)} caches: {s.get('writes-unmapped-slot', 0)} writes to unmapped slots, "
-             f"{s.get('writes-missing-slot', 0)} mapped slots never written, {s.get('writes-outside-cache', 0)} "
-             f"writes outside every cache, {s.get('writes-slot-conflict', 0)} slots written by two blocks"]
+             f"{s.get('caches', 0)} caches: {s['unmapped_writes']} writes to unmapped slots, "
+             f"{s['missing_slots']} mapped slots never written, {s['outside_writes']} "
+             f"writes outside every cache, {s['slot_conflicts']} slots written by two blocks"]
     lines += [f.line() for f in res.findings]
     lines.append({"ok": "ok", "failed": "FAILED",
                   "nothing-checked": "NOTHING CHECKED (no slot_write records or steps; see docs/CANARY.md)"}[res.verdict])
