@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,7 +16,8 @@ from kvconv.cli.common import JSON, PROGRESS, SALVAGE
 
 app = typer.Typer()
 
-_LAST_LINE = {"ok": "ok", "failed": "FAILED", "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)"}
+_LAST_LINE = {"ok": "ok", "failed": "FAILED",
+              "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)"}
 
 
 @app.command("canary")
@@ -30,7 +30,7 @@ def canary_cmd(
     writes: bool = typer.Option(False, "--writes", help="check the write-address canary instead: the KV slots each "
                                 "block wrote (kvconv record --writes) against each step's slot mapping"),
     salvage: bool = SALVAGE,
-    progress: Optional[bool] = PROGRESS,
+    progress: bool | None = PROGRESS,
 ) -> int:
     """Check the location canary: per step and buffer, pages changed outside the expected set (aliasing or external
     writes) and expected pages that did not change (missing writes), with page and slot ranges. Exit 0 clean, 1
@@ -39,9 +39,8 @@ def canary_cmd(
     Example: kvconv canary run.kvdump --json
     """
     from kvconv.check import canary
-    from kvconv.format import dump
-
     from kvconv.cli.common import Outcome, finish, open_or_finish
+    from kvconv.format import dump
     from kvconv.progress import Progress, ProgressOptions
 
     opts = dump.ReadOptions(salvage=salvage)

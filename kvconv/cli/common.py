@@ -29,7 +29,6 @@ import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -78,12 +77,12 @@ def renamed(**former: str):
                 info = copy.copy(info)
                 info.default = None
                 info.help = f"{info.help or ''}  [required]".lstrip()
-                params[i] = p.replace(default=info, annotation=Optional[typ])
+                params[i] = p.replace(default=info, annotation=typ | None)
                 required[name] = "/".join(d for d in info.param_decls)
             params.append(inspect.Parameter(
                 f"{name}_as_{spelling.lstrip('-').replace('-', '_')}", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 default=typer.Option(False if flag else None, spelling, hidden=True),
-                annotation=bool if flag else Optional[typ]))
+                annotation=bool if flag else typ | None))
 
         @functools.wraps(fn)
         def wrapper(**kw):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -70,8 +69,8 @@ def _info_one(path: Path, opts) -> Outcome:
 
 
 def _validate_one(path: Path, opts, popts=None) -> Outcome:
-    from kvconv.progress import Progress, ProgressOptions
     from kvconv.check.validate import validate as run_validate
+    from kvconv.progress import Progress, ProgressOptions
 
     try:
         size = path.stat().st_size
@@ -96,7 +95,7 @@ def _validate_one(path: Path, opts, popts=None) -> Outcome:
 
 @app.command()
 def info(
-    dumps: List[Path] = DUMPS,
+    dumps: list[Path] = DUMPS,
     as_json: bool = JSON,
     salvage: bool = SALVAGE,
 ) -> None:
@@ -116,20 +115,20 @@ def info(
 @app.command()
 @renamed(relaxed="--relaxed-reconcile")
 def validate(
-    dumps: List[Path] = DUMPS,
+    dumps: list[Path] = DUMPS,
     as_json: bool = JSON,
     relaxed: bool = RELAXED,
     no_reconcile: bool = typer.Option(False, "--no-reconcile", help="skip the reconciler's checks"),
     salvage: bool = SALVAGE,
-    progress: Optional[bool] = PROGRESS,
+    progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> None:
     """Check structure, schema and semantics; report every problem. Exit 0 valid, 1 errors, 2 unreadable.
 
     Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
     """
-    from kvconv.progress import ProgressOptions
     from kvconv.check.validate import ValidateOptions
+    from kvconv.progress import ProgressOptions
 
     opts = ValidateOptions(reconcile=not no_reconcile, relaxed_reconcile=relaxed, salvage=salvage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)

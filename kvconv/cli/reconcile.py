@@ -10,15 +10,14 @@ unmatched events, duplicated host records), 2 when a dump cannot be read or the 
 launches that ran before coverage began (ordered join, 0 device drops: code coverage-late) are a warning unless
 --strict-coverage.
 --json prints the envelope every command prints (schemas/cli.schema.json); each dump's result follows
-schemas/reconcile.schema.json. With several dumps, the cross-dump replay skew (kvconv.check.skew: each replay's start and
-last node on the host clock, against the first dump's) is printed before the status line and is the envelope's
+schemas/reconcile.schema.json. With several dumps, the cross-dump replay skew (kvconv.check.skew: each replay's start
+and last node on the host clock, against the first dump's) is printed before the status line and is the envelope's
 ``cross_dump``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -29,7 +28,7 @@ app = typer.Typer()
 
 @app.command("reconcile")
 def reconcile_cmd(
-    dump_paths: List[Path] = DUMPS,
+    dump_paths: list[Path] = DUMPS,
     as_json: bool = JSON,
     join: str = typer.Option("auto", "--join", metavar="auto|exact|ordered",
                              help="exact: by device gridid + tag; ordered: by sequence order (assumes one stream); "
@@ -39,7 +38,7 @@ def reconcile_cmd(
                                          help="treat blocks of launches that ran before coverage began (ordered "
                                               "join, 0 drops) as errors, not warnings"),
     salvage: bool = SALVAGE,
-    progress: Optional[bool] = PROGRESS,
+    progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> int:
     """Match host graph-node and eager launch records to the blocks their geometry predicts and to the device
@@ -48,9 +47,9 @@ def reconcile_cmd(
 
     Example: kvconv reconcile run.kvdump --json
     """
-    from kvconv.format import dump
     from kvconv.check import reconcile, skew
     from kvconv.cli.common import Outcome, each, finish
+    from kvconv.format import dump
     from kvconv.progress import Progress, ProgressOptions
     from kvconv.wording import counted
 

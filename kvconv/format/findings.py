@@ -49,7 +49,7 @@ class Finding:
         return asdict(self)
 
     @classmethod
-    def from_error(cls, err, severity: str = "error") -> "Finding":
+    def from_error(cls, err, severity: str = "error") -> Finding:
         """A finding from a :class:`kvconv.format.errors.KvconvError`."""
         return cls(
             severity,

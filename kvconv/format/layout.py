@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 _NP_TYPES = {"u8": "<u1", "u16": "<u2", "u32": "<u4", "u64": "<u8", "i32": "<i4", "i64": "<i8"}
-_C_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "i32": "int32_t", "i64": "int64_t"}
+_C_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "i32": "int32_t",
+            "i64": "int64_t"}
 
 
 def schema_dir() -> Path:
@@ -33,7 +34,7 @@ def schema_dir() -> Path:
     return Path(str(resources.files("kvconv.schemas")))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_json_schema(name: str) -> dict:
     return json.loads((schema_dir() / name).read_text(encoding="utf-8"))
 
@@ -233,7 +234,8 @@ def c_header() -> str:
         f"#define KVCONV_MAJOR {MAJOR}",
         f"#define KVCONV_MINOR {MINOR} /* the newest minor; a group header carries the lowest it needs */",
         "#define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */",
-        *[f"#define KVCONV_MINOR_{n.upper()} {m} /* a group with header flag {n} */" for n, m in MINOR_OF_FLAGS.items()],
+        *[f"#define KVCONV_MINOR_{n.upper()} {m} /* a group with header flag {n} */"
+          for n, m in MINOR_OF_FLAGS.items()],
         *_kind_minor_c(),
         *_kind_clock_c(),
         f"#define KVCONV_HEADER_SIZE {HEADER_SIZE}",

@@ -140,7 +140,7 @@ class Dump:
     _mm: mmap.mmap | None = None
     _file: object = None
 
-    def __enter__(self) -> "Dump":
+    def __enter__(self) -> Dump:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -100,7 +100,7 @@ class DumpWriter:
         self._f = builtins.open(self._tmp, "wb")
         self._closed = False
 
-    def __enter__(self) -> "DumpWriter":
+    def __enter__(self) -> DumpWriter:
         return self
 
     def __exit__(self, et, ev, tb) -> None:
