@@ -67,13 +67,6 @@ class Layout:
                 return f
         raise KeyError(name)
 
-    def field_at(self, byte: int) -> Field | None:
-        """The field covering byte ``byte`` of a record, for error messages."""
-        for f in self.fields:
-            if f.offset <= byte < f.offset + f.size:
-                return f
-        return None
-
 
 @dataclass(frozen=True)
 class RecordKind:
