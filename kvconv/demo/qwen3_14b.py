@@ -74,15 +74,25 @@ def pass_tokens() -> list[int]:
 
 
 def build() -> dict:
+    """Every part of the dump: the eager passes, then the decode replays (one random stream, in this order), the
+    clock-sync pairs, the kernel table and the run metadata."""
     rng = np.random.default_rng(SEED + 1)
-    H = layout.DTYPES["host_launch"]
-    E = layout.DTYPES["device_event"]
+    events = np.zeros(EVENTS, dtype=layout.DTYPES["device_event"])
+    eager, seq, gpu_t, grid_id = _eager_passes(rng, events)
+    graph, seq = _decode_replays(rng, events, seq, replay_start=gpu_t + 30_000_000, first_grid_id=grid_id)
+    assert seq == EVENTS, seq
+    strings = dump.StringTable()
+    return {"meta": _metadata(), "strings": strings, "kernels": _kernel_table(strings),
+            "clock_sync": _clock_sync(end_gpu=int(events["globaltimer"].max()) + 1_000_000), "eager": eager,
+            "graph": graph, "events": events}
+
+
+def _eager_passes(rng, events: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+    """Host eager launches, and the device events of every launch but the very first (it ran before patching):
+    ``(eager records, events written, device time after the passes, next grid id)``."""
     lf = layout.ENUMS["launch_flags"]
     toks = pass_tokens()
-
-    # Host eager launches, device events of every launch but the very first (ran before patching).
-    eager = np.zeros(len(toks) * LAYERS, dtype=H)
-    events = np.zeros(EVENTS, dtype=E)
+    eager = np.zeros(len(toks) * LAYERS, dtype=layout.DTYPES["host_launch"])
     seq = 0
     # Host times follow the device timeline: each launch is recorded a few us before its first block starts, in
     # the clock the clock-sync pairs below define (%globaltimer = CLOCK_MONOTONIC + GPU_MINUS_HOST + ~300 ns).
@@ -114,12 +124,17 @@ def build() -> dict:
                 seq += n
             gpu_t += int(rng.integers(2_600_000, 2_800_000))  # one layer of compute between cache writes
         gpu_t += 25_000_000
+    return eager, seq, gpu_t, grid_id
 
-    # Decode: one graph executable, 40 target nodes, 7 replays (launch ids 1..7), one block per node.
+
+def _decode_replays(rng, events: np.ndarray, seq: int, *, replay_start: int,
+                    first_grid_id: int) -> tuple[np.ndarray, int]:
+    """Decode: one graph executable, 40 target nodes, 7 replays (launch ids 1..7), one block per node:
+    ``(graph_node records, events written)``."""
+    lf = layout.ENUMS["launch_flags"]
     nodes = np.arange(LAYERS, dtype=np.uint64) * 0x1A0 + 0x5581_3E00_0000
-    node_grid_ids = np.arange(LAYERS, dtype=np.uint64) + grid_id
-    graph = np.zeros(LAYERS * REPLAYS, dtype=H)
-    replay_start = gpu_t + 30_000_000
+    node_grid_ids = np.arange(LAYERS, dtype=np.uint64) + first_grid_id
+    graph = np.zeros(LAYERS * REPLAYS, dtype=layout.DTYPES["host_launch"])
     for r in range(REPLAYS):
         host_replay = replay_start - GPU_MINUS_HOST - GRAPH_LEAD  # cuGraphLaunch: every node's record at once
         span = round(SPANS_MS[r] * 1e6)
@@ -127,8 +142,7 @@ def build() -> dict:
         steps = rng.uniform(0.9, 1.1, size=LAYERS - 1)
         offs = np.r_[0, np.round(np.cumsum(steps) / steps.sum() * span)].astype(np.int64)
         for layer in range(LAYERS):
-            i = r * LAYERS + layer
-            g = graph[i]
+            g = graph[r * LAYERS + layer]
             g["graph_exec"] = GRAPH_EXEC
             g["launch_id"] = r + 1
             g["node"] = nodes[layer]
@@ -151,12 +165,13 @@ def build() -> dict:
         last = replay_start + int(offs[-1])
         if r < REPLAYS - 1:
             replay_start = last + round(GAPS_MS[r] * 1e6)
-    assert seq == EVENTS, seq
-    end_gpu = int(events["globaltimer"].max()) + 1_000_000
+    return graph, seq
 
-    # Clock-sync pairs (chosen: the published run kept both clocks but published no pairs): start, two periodic, end,
-    # one offset (GPU_MINUS_HOST) read back within a few hundred ns, so a device event maps to a host time a few us
-    # after its launch record.
+
+def _clock_sync(*, end_gpu: int) -> np.ndarray:
+    """Clock-sync pairs (chosen: the published run kept both clocks but published no pairs): start, two periodic,
+    end, one offset (GPU_MINUS_HOST) read back within a few hundred ns, so a device event maps to a host time a few
+    us after its launch record."""
     cs = np.zeros(4, dtype=layout.DTYPES["clock_sync"])
     host_points = np.array([HOST_T0, HOST_T0 + 1_000_000_000, end_gpu - GPU_MINUS_HOST - 500_000_000,
                             end_gpu - GPU_MINUS_HOST], dtype=np.uint64)
@@ -166,16 +181,21 @@ def build() -> dict:
     cs["sequence"] = np.arange(4)
     f = layout.ENUMS["clock_sync_flags"]
     cs["flags"] = [f["start"], f["periodic"], f["periodic"], f["end"]]
+    return cs
 
-    strings = dump.StringTable()
+
+def _kernel_table(strings: dump.StringTable) -> np.ndarray:
     kt = np.zeros(1, dtype=layout.DTYPES["kernel"])
     kt["slot"] = KERNEL_SLOT
     kt["flags"] = 1
     kt["module_id"] = 0x5581_3B00_0000
     kt["name_off"], kt["name_len"] = strings.add(KERNEL_NAME)
     kt["module_off"], kt["module_len"] = strings.add(MODULE_NAME)
+    return kt
 
-    meta = {
+
+def _metadata() -> dict:
+    return {
         "tool": "kvconv-reconstruction",
         "tool_version": "1",
         "producer": "kvconv.demo.qwen3_14b (fixtures/qwen3-14b/generate.py)",
@@ -197,8 +217,6 @@ def build() -> dict:
             "callback_data_failures": 0,
         },
     }
-    return {"meta": meta, "strings": strings, "kernels": kt, "clock_sync": cs, "eager": eager, "graph": graph,
-            "events": events}
 
 
 def write(path: Path, parts: dict) -> None:
