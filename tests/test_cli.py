@@ -66,3 +66,19 @@ def test_demo_runs_the_whole_chain(tmp_path):
     assert (tmp_path / "demo" / "qwen3-14b.pftrace").stat().st_size > 0
     assert (tmp_path / "demo" / "qwen3-14b.json").stat().st_size > 0
     assert list((tmp_path / "demo" / "qwen3-14b-parquet").rglob("*.parquet"))
+
+
+HEAVY = ("numpy", "pyarrow", "perfetto", "google.protobuf", "jsonschema", "torch")
+
+
+@pytest.mark.parametrize("name", [None, *commands()])
+def test_help_imports_nothing_heavy(name):
+    """--help stays fast: the command modules keep numpy, pyarrow, protos and jsonschema inside the commands."""
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom kvconv.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(sys.argv[1:] + ['--help'])\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {[h.split('.')[0] for h in HEAVY]!r}))")
+    r = subprocess.run([sys.executable, "-c", code, *([name] if name else [])], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -11,7 +11,19 @@ from pathlib import Path
 
 import typer
 
-from kvconv.cli.common import DUMPS, JSON, PROGRESS, QUIET, RELAXED, SALVAGE, Outcome, each, finish, renamed
+from kvconv.cli.common import (
+    DUMPS,
+    JSON,
+    PROGRESS,
+    QUIET,
+    RELAXED,
+    SALVAGE,
+    Outcome,
+    each,
+    finish,
+    output_option,
+    renamed,
+)
 from kvconv.format.errors import FormatError
 from kvconv.format.findings import Finding
 from kvconv.wording import counted
@@ -138,7 +150,7 @@ def validate(
 @app.command()
 @renamed(out="--out")
 def demo(
-    out: Path = typer.Option(Path("kvconv-demo"), "-o", "--output", help="folder for the dump and its outputs"),
+    out: Path = output_option("folder for the dump and its outputs", Path("kvconv-demo")),
 ) -> None:
     """Run the main job on the embedded Qwen3-14B fixture: write the dump (qwen3-14b.kvdump, from the generator
     shipped in the package), then info, validate, reconcile, Perfetto and Chrome traces, Parquet tables. A rerun
