@@ -32,6 +32,9 @@ app = typer.Typer()
 
 
 def _info_text(path: str, info: dict) -> str:
+    from kvconv.format.layout import KINDS
+
+    blobs = {k.name for k in KINDS.values() if not k.layout}  # byte blobs (metadata, strings): no records
     lines = []
     ver = {(g["major"], g["minor"]) for g in info["groups"]}
     vs = ", ".join(f"v{a}.{b}" for a, b in sorted(ver)) or "no groups"
@@ -46,7 +49,7 @@ def _info_text(path: str, info: dict) -> str:
                      f"{g['clock_domain']}{lost}")
     tot = "; ".join(f"{k} {v['records']:,} ({v['drops']:,} dropped"
                     + (f", {v['lost_records']:,} lost to truncation" if v["lost_records"] else "") + ")"
-                    for k, v in info["totals"].items() if k not in ("metadata", "strings"))
+                    for k, v in info["totals"].items() if k not in blobs)
     lines.append(f"totals: {tot}")
     crc = [g["payload_crc"] for g in info["groups"]]
     checked = sum(c != "not-checked" for c in crc)
