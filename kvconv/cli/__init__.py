@@ -50,6 +50,7 @@ COMMAND_MODULES = (
     "kvconv.cli.emit",
     "kvconv.cli.reconcile",
     "kvconv.cli.record",
+    "kvconv.cli.report",
 )
 
 app = typer.Typer(

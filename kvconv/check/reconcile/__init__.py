@@ -210,8 +210,10 @@ class Reconciler:
     chunk of each context's events, in order, ``close(ctx)``, then :meth:`result` (kvconv.check.validate reads the file
     once for its own checks and this). A context without a stream is reconciled from memory in ``result``."""
 
-    def __init__(self, d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool = True) -> None:
-        self.d, self.options, self.tables = d, options, tables
+    def __init__(self, d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool = True,
+                 launches: bool = False) -> None:
+        # launches: the launch table even without tables (one row per host launch; kvconv.look's plots)
+        self.d, self.options, self.tables, self.launches = d, options, tables, tables or launches
         self.contexts = [ctx for ctx, _ in d.contexts() if (
             d.groups_of("device_event", context_id=ctx) or d.groups_of("graph_node", context_id=ctx)
             or d.groups_of("eager_launch", context_id=ctx))]
@@ -240,7 +242,8 @@ class Reconciler:
         s = self._streams.pop(ctx, None)
         if s is not None:
             s.xj = None  # the pass is over: the join's lookup tables are not needed by the report
-        out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables)
+        out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables,
+                                launches=self.launches)
         if s is not None:
             s.release()
         self._done[ctx] = (out, notes.findings(), sum(notes.mismatches.values()))
@@ -261,10 +264,12 @@ class Reconciler:
             n_ev, n_matched, n_launches = n_ev + summary[0], n_matched + summary[1], n_launches + summary[2]
             if self.tables:
                 matches.append(mt)
+            if self.launches:
                 launches.append(lt)
         m = la = None
         if self.tables:
             m = (matches[0] if len(matches) == 1 else np.concatenate(matches)) if matches else np.zeros(0, MATCH_DTYPE)
+        if self.launches:
             la = ((launches[0] if len(launches) == 1 else np.concatenate(launches)) if launches
                   else np.zeros(0, LAUNCH_DTYPE))
         return ReconcileResult(path=str(self.d.path), join_requested=self.options.join, contexts=contexts,
@@ -333,7 +338,7 @@ def _seq_range_note(s: ContextStream, notes: Notes) -> None:
 
 
 def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: Notes, *,
-                      stream: ContextStream | None = None, tables: bool = True):
+                      stream: ContextStream | None = None, tables: bool = True, launches: bool = False):
     """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table,
     (device events, matched, host launches)). ``stream``: the context's streaming pass, used when it answers."""
     s = stream
@@ -376,6 +381,7 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
     mt = lt = None
     if tables:
         mt = s.matches if s is not None else match_table(ctx, n_all, ev, t, j.match)
+    if tables or launches:
         lt = launch_table(ctx, t, counts, j.ordered)
     return rep, mt, lt, (n_all, tally.matched, int((~t.upload).sum()))
 

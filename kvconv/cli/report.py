@@ -1,0 +1,138 @@
+"""``kvconv report DUMP... -o report.html`` (one self-contained HTML page of plots) and ``kvconv diff A B`` (two runs
+compared; exit 1 beyond thresholds). Both read each dump once (:mod:`kvconv.look.profile`).
+
+    $ kvconv report fixtures/qwen3-14b/qwen3-14b.kvdump -o qwen3.html
+    wrote qwen3.html: 1 dump, 4 plots, 380,123 bytes
+    $ kvconv diff fixtures/h200-tp2/rank0.kvdump fixtures/h200-tp2/rank1.kvdump
+    ...
+    ok: no change beyond the thresholds
+
+report: exit 0 when the page is written (its findings are in it), 2 when a dump cannot be read or the output may
+not be written (nothing is written then). diff: 0 no check beyond the thresholds, 1 otherwise, 2 unreadable; --json
+prints the envelope of every command (schemas/cli.schema.json) with the comparison as ``diff``. docs/REPORT.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kvconv.cli.common import DUMPS, FORCE, JSON, PROGRESS, QUIET, SALVAGE, output_option
+
+app = typer.Typer()
+
+_JOIN = typer.Option("auto", "--join", metavar="auto|exact|ordered", help="the join, as kvconv reconcile's")
+
+
+def _profile(path: Path, *, join: str, salvage: bool, popts, what: str):
+    from kvconv.format import dump
+    from kvconv.look.profile import profile
+    from kvconv.progress import Progress
+
+    with dump.open(path, options=dump.ReadOptions(salvage=salvage)) as d:
+        with Progress(f"{what} {Path(path).name}", total=0, size_bytes=d.size, options=popts) as bar:
+            return profile(d, join=join, progress=bar.update)
+
+
+@app.command("report")
+def report_cmd(
+    dump_paths: List[Path] = DUMPS,
+    output: str = output_option("the HTML page to write (self-contained: open it offline, attach it to a bug)"),
+    join: str = _JOIN,
+    force: bool = FORCE,
+    salvage: bool = SALVAGE,
+    progress: Optional[bool] = PROGRESS,
+    quiet: bool = QUIET,
+) -> None:
+    """Write one self-contained HTML page about the dumps: the agreement headline, findings with their codes'
+    meaning, and plots (per-replay span and gap, node x replay start offsets and durations, blocks per SM, predicted
+    vs recorded blocks per launch, canary pages by step; for several dumps one row per GPU/rank and the cross-dump
+    replay skew). Its size does not grow with the dumps'.
+
+    Example: kvconv report run.kvdump -o report.html
+    """
+    from kvconv.atomic import atomic_output, check_output
+    from kvconv.check import reconcile, skew
+    from kvconv.look import report
+    from kvconv.progress import ProgressOptions
+    from kvconv.wording import counted
+
+    reconcile.ReconcileOptions(join=join)  # a bad --join is refused before any work
+    check_output(output, inputs=dump_paths, kind="report", force=force)
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
+    profiles = [_profile(p, join=join, salvage=salvage, popts=popts, what="report") for p in dump_paths]
+    cross = skew.cross_dump([str(p) for p in dump_paths], [p.reconcile for p in profiles])
+    page = report.page(profiles, cross=cross)
+    data = page.html.encode("utf-8")
+    with atomic_output(output, inputs=dump_paths, kind="report", force=force) as tmp:
+        Path(tmp).write_bytes(data)
+    if not quiet:
+        where = "stdout" if output == "-" else output
+        (sys.stderr if output == "-" else sys.stdout).write(
+            f"wrote {where}: {counted(len(profiles), 'dump')}, {counted(page.plots, 'plot')}, "
+            f"{counted(len(data), 'byte')}\n")
+
+
+@app.command("diff")
+def diff_cmd(
+    a: Path = typer.Argument(..., metavar="A", help="the reference run's dump"),
+    b: Path = typer.Argument(..., metavar="B", help="the dump compared with it"),
+    as_json: bool = JSON,
+    max_median_change: float = typer.Option(0.10, "--max-median-change", metavar="FRACTION",
+                                            help="relative change of a median (span, node) that counts, when also "
+                                                 "beyond the noise"),
+    max_p99_change: float = typer.Option(0.25, "--max-p99-change", metavar="FRACTION",
+                                         help="relative change of a p99 that counts, when also beyond the noise"),
+    noise_factor: float = typer.Option(3.0, "--noise-factor", metavar="K",
+                                       help="a change must exceed K times the within-run noise (scaled MAD)"),
+    max_drops: int = typer.Option(0, "--max-drops", metavar="N", help="drops B may add to A's"),
+    join: str = _JOIN,
+    salvage: bool = SALVAGE,
+    progress: Optional[bool] = PROGRESS,
+    quiet: bool = QUIET,
+) -> None:
+    """Compare two runs of one workload: node order and count per replay, blocks per launch, per-replay span and
+    per-node duration (or start offset) medians and p99 against the within-run noise, drops, missing blocks, canary
+    pages, findings that appear or disappear. Exit 0 when nothing changed beyond the thresholds, 1 otherwise.
+
+    Example: kvconv diff before.kvdump after.kvdump --max-median-change 0.05
+    """
+    from kvconv.check import reconcile
+    from kvconv.cli.common import Outcome, envelope, print_json
+    from kvconv.format.errors import KvconvError
+    from kvconv.look import diff
+    from kvconv.progress import ProgressOptions
+
+    opts = diff.DiffOptions(max_median_change=max_median_change, max_p99_change=max_p99_change,
+                            noise_factor=noise_factor, max_drops=max_drops)
+    reconcile.ReconcileOptions(join=join)
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
+    outcomes, profiles = [], []
+    for p in (a, b):
+        try:
+            profiles.append(_profile(p, join=join, salvage=salvage, popts=popts, what="diff"))
+            outcomes.append(Outcome(str(p), 0, _summary(profiles[-1])))
+        except KvconvError as e:
+            if not as_json:
+                raise
+            outcomes.append(Outcome(str(p), e.exit_code, error=e))
+    res = diff.compare(*profiles, options=opts) if len(profiles) == 2 else None
+    code = max([o.exit for o in outcomes] + [res["exit"] if res else 0])
+    if as_json:
+        env = envelope("diff", outcomes, diff=res)
+        env["exit"], env["ok"] = code, code == 0  # the comparison's verdict counts beside the dumps'
+        print_json(env)
+    else:
+        sys.stdout.write("\n".join(diff.lines(res)) + "\n")
+    sys.stdout.flush()
+    raise typer.Exit(code)
+
+
+def _summary(p) -> dict:
+    """What a dump's entry of the diff envelope says of it: its agreement, per context."""
+    return {"size": p.size, "ok": p.ok, "contexts": [
+        {"context_id": c["context_id"], "device_id": c["device_id"], "agreement": c["agreement"]["line"],
+         "graph_execs": len(c["graph_execs"])} for c in p.reconcile["contexts"]]}
