@@ -51,6 +51,7 @@ COMMAND_MODULES = (
     "kvconv.cli.reconcile",
     "kvconv.cli.record",
     "kvconv.cli.report",
+    "kvconv.cli.open",
 )
 
 app = typer.Typer(
