@@ -88,6 +88,8 @@ _MERGE = typer.Option(None, "--merge", metavar="TORCH_TRACE.json", help="put kvc
                       "torch.profiler trace of the same run, aligned on its clock (kvconv.emit.torchmerge)")
 _FMT = typer.Option("arrow", "--format", help="arrow (IPC files) or parquet")
 _COMPRESSION = typer.Option("none", "--compression", help="none, lz4 or zstd")
+_APPEND = typer.Option(False, "--append", help="add the dumps' runs to the dataset -o names (kvconv arrow's earlier "
+                       "output) without touching its files (kvconv.dataset; docs/DATASETS.md)")
 
 
 def _parameters(fmt: Format) -> list[inspect.Parameter]:
@@ -96,7 +98,7 @@ def _parameters(fmt: Format) -> list[inspect.Parameter]:
     if fmt.trace:
         opts += [("window", Optional[str], _WINDOW), ("replays", Optional[str], _REPLAYS), ("flows", int, _FLOWS)]
     if fmt.tables:
-        opts += [("fmt", str, _FMT), ("compression", str, _COMPRESSION)]
+        opts += [("fmt", str, _FMT), ("compression", str, _COMPRESSION), ("append", bool, _APPEND)]
     if fmt.name == "chrome":
         opts += [("merge", Optional[Path], _MERGE)]
     opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", Optional[bool], _PROGRESS),
@@ -113,6 +115,7 @@ def command(fmt: Format):
         if fmt_.tables:
             compression = kind.pop("compression")
             extra = {"arrow_format": kind.pop("fmt"), "compression": None if compression == "none" else compression}
+            append = kind.pop("append")
         opts = _options(reconcile=reconcile, chunk=chunk, progress=False if quiet else progress, salvage=salvage,
                         force=force, **kind, **extra)
         if merge is not None:
@@ -121,6 +124,11 @@ def command(fmt: Format):
             res, al = write_merged(fmt_.write, dumps, out, merge, options=opts)
             _report(res, quiet)
             report_merge(al, merge, quiet=quiet)
+            return
+        if fmt_.tables and append:
+            from kvconv.dataset import write_appending
+
+            _report(write_appending(fmt_.write, dumps, out, options=opts), quiet)
             return
         _report(fmt_.write(dumps, out, options=opts), quiet)
 
