@@ -213,7 +213,8 @@ One track group (Perfetto) or process (Chrome `pid`) per context of every dump, 
 | `graph exec 0x…` › `nodes` | `graph exec 0x… · nodes` | device | one slice per node execution in a replay, first to last block entry (`args.replay`, `args.blocks`); extra lanes `nodes (2)`... only where executions overlap |
 | `graph exec 0x…` › `host node launches` | `graph exec 0x… · host node launches` | host | one zero-length slice per graph_node record (replay, node, grid_id, blocks_predicted, blocks_recorded) |
 | `eager launches · stream 0x…` | `eager launches · stream 0x…` | host | one zero-length slice per eager_launch record (grid_id, blocks_predicted, blocks_recorded) |
-| `device blocks` › `SM <n>` | `SM <n>` | device | one instant (Chrome: `dur` 0, `cat` block) per block event, named after its kernel; a block exit, when recorded, is its own instant, not paired with its entry (Chrome: `args.block`, `args.seq`) |
+| `device blocks` › `SM <n>` | `SM <n>` | device | per block event an instant (Chrome: `dur` 0, `cat` block), named after its kernel (Chrome: `args.block`, `args.seq`); where the dump records block exits (`--events enter,exit`) a block is one slice from its entry to its exit (Chrome: `X` with its `dur`), on extra lanes `SM <n> (2)`... where blocks overlap on the SM; an exit with no entry stays an instant |
+| `graph exec 0x…` › `kernels`, `kernels · stream 0x…` | the same, and Chrome `cat` kernel events | device | per launch or node execution its kernel, first block entry to last block exit (as Nsight Systems' CUDA HW row; Perfetto: only where exits are recorded). Chrome writes them as torch.profiler (Kineto) does (`args.device`, `stream`, `correlation` = grid id, `grid`, `block`; `args.span` "entries" where no exits bound them) and the trace header carries `distributedInfo.rank` (the dump's `metadata.rank`, else its GPU), so Holistic Trace Analysis reads a folder of traces, one per rank (run it with `HTA_DISABLE_NS_ROUNDING=1`: kvconv times are ns, which HTA otherwise rounds to whole us per event) |
 | `block events per ms` | counter `block events per ms` | device | block events in each millisecond |
 | `dropped device events` | counter `dropped device events` | device | the device drop count (0 at the start, the total at the end) |
 | `dropped host records` | - | host | the host drop count (Perfetto only) |
@@ -224,6 +225,10 @@ Flows (`launch`): from each host launch record to up to `--flows` of its device 
 `cat` flow). Device times: Perfetto keeps them in their own clock (a custom clock per context) and gives the
 clock-sync pairs as ClockSnapshots; Chrome has one time base, so device times are mapped onto the host
 `CLOCK_MONOTONIC` timeline by the piecewise-constant rule in docs/FORMAT.md. `ts` in Chrome is in microseconds.
+The Perfetto trace's first packet makes `CLOCK_MONOTONIC` the trace time and relates `CLOCK_BOOTTIME` (the clock
+trace_processor assigns to every proto trace file) to it at offset 0: without it trace_processor logs
+`clock_sync_unrelatable_clock_domains`. Dumps hold no BOOTTIME reading; the offset is exact on a host not suspended
+since boot, and only matters when the trace is merged with one recorded in BOOTTIME.
 
 ### Inside a torch.profiler trace (`kvconv chrome DUMP --merge TORCH_TRACE.json -o merged.json`)
 
@@ -252,6 +257,8 @@ TABLES = {  # what each table is: a record kind's is its "arrow" in schemas/layo
     # a table described nowhere
     **{k.name: k.arrow for k in layout.KINDS.values() if k.arrow},
     "matches": "one row per device event: the host record it joins (kvconv reconcile's matches)",
+    "launch": "one row per launch or graph-node execution (graph uploads left out): its device start and end, "
+              "blocks predicted and recorded",
 }
 COLUMNS = {  # columns that are not a layout field
     "context_id": "CUDA context (index within the process) of the record",
@@ -269,6 +276,18 @@ COLUMNS = {  # columns that are not a layout field
     "node_ordinal": "node's position in its replay (-1 eager or unknown)",
     "join": "how it was joined: 1 exact, 2 ordered, 0 none",
     "join_name": "the same as text: exact, ordered, none",
+    "kind": "graph_node or eager_launch",
+    "graph_exec": "the graph exec (0 for eager launches), as in the host record",
+    "stream": "the launch's stream, as in the host record",
+    "grid_id": "the launch's grid id, as in the host record",
+    "kernel": "the launched kernel's name",
+    "blocks_predicted": "blocks the grid predicts (grid_x * grid_y * grid_z)",
+    "blocks_recorded": "block entries joined to the launch",
+    "start_ns": "device ns of its first block entry (null: none recorded)",
+    "last_entry_ns": "device ns of its last block entry (null: none recorded)",
+    "end_ns": "device ns of its last block exit (null: the dump records no exits)",
+    "duration_ns": "end_ns - start_ns: the kernel's device duration (null without exits)",
+    "blocks_paired": "blocks whose entry and exit were both recorded",
 }
 _FIXTURES = ("h200-enter-exit/enter-exit.kvdump", "canary-clean/canary-clean.kvdump")
 

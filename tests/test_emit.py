@@ -148,8 +148,8 @@ def test_perfetto_tree_counts_clocks_interning(pair_trace):
         by_seq[p.trusted_packet_sequence_id].append(p)
     names: dict[int, dict[int, str]] = {}
     for seq, ps in by_seq.items():
-        if seq == 1:
-            assert all(p.HasField("track_descriptor") for p in ps)
+        if seq == 1:  # the trace clock anchor (test_emit_clocks.py), then the track descriptors
+            assert ps[0].HasField("clock_snapshot") and all(p.HasField("track_descriptor") for p in ps[1:])
             continue
         assert ps[0].sequence_flags == 1 and ps[0].HasField("interned_data")
         names[seq] = {e.iid: e.name for e in ps[0].interned_data.event_names}
@@ -177,7 +177,7 @@ def test_perfetto_tree_counts_clocks_interning(pair_trace):
         assert sum(per_track[k][3] for k in g if "eager launches" in k) == 1
     assert flows_out == flows_in and len(flows_in) == res.flows == 2 * (280 + 16)
     # clock snapshots: device clock (sequence-scoped 64) against CLOCK_MONOTONIC, on the device sequence
-    snaps = [p for p in tr.packet if p.HasField("clock_snapshot")]
+    snaps = [p for p in tr.packet if p.HasField("clock_snapshot") and p.trusted_packet_sequence_id != 1]
     assert len(snaps) == 20
     for p in snaps:
         assert sorted(c.clock_id for c in p.clock_snapshot.clocks) == [3, 64]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvconv.emit._blocks import BlockSlices, Timing
 from kvconv.emit._flows import Flows
 from kvconv.emit._stream import GRAPH_NODE, SLICE, Ctx, expand_runs, runs_of
 from kvconv.emit.options import EmitOptions
@@ -33,6 +34,8 @@ class Agg:
     rate_vals: np.ndarray  # ... and the count from there on (the last step is back to 0)
     kept: int  # device events kept by the filters
     kept_hosts: np.ndarray  # bool per host row
+    durations: object = None  # kvconv.check.reconcile.durations.Durations per host row (None: no block exits)
+    blocks: BlockSlices | None = None  # paired blocks (entry to exit)
 
 
 def event_keep(c: Ctx, recs: np.ndarray, hid: np.ndarray, options: EmitOptions, t0: int | None) -> np.ndarray | None:
@@ -71,11 +74,13 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     cnt_parts: list[np.ndarray] = []  # never by the time span a damaged timestamp can open)
     kept = 0
     filtered = options.window_ms is not None or options.replays is not None
+    timing = Timing(c)
     for first_i, recs in c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE):
         if progress is not None:
             progress(len(recs))
         if not len(recs):
             continue
+        timing.feed(first_i, recs)
         starts, rhid = c.match_runs(first_i, recs)
         ts = recs["globaltimer"]
         dev_index = None
@@ -112,9 +117,10 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     flows.finish(count)
     kept_hosts = _kept_hosts(c, options, count, t0)
     rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
+    durations, blocks = timing.finish(count, first)
     return Agg(count=count, first_ts=first, last_ts=last, flows=flows, sm_count=sm,
                slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals, kept=kept,
-               kept_hosts=kept_hosts)
+               kept_hosts=kept_hosts, durations=durations, blocks=blocks)
 
 
 def _add_runs(count, first, last, flows: Flows, starts, rhid, tsi, first_i: int, dev_index) -> None:

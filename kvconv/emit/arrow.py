@@ -33,7 +33,7 @@ from kvconv.format import layout
 from kvconv._workers import worker
 from kvconv.format.dump import release_pages
 from kvconv.emit._contexts import emit_run
-from kvconv.emit._stream import RELEASE_BYTES, SLICE
+from kvconv.emit._stream import GRAPH_NODE, RELEASE_BYTES, SLICE
 from kvconv.emit.options import EmitOptions, EmitResult
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
@@ -220,6 +220,57 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
                     s.write(cols)
         s.close()
     res.timings["matches"] = res.timings.get("matches", 0.0) + time.perf_counter() - t_start
+    if c.host.n:
+        _launch_table(pa, c, sink, options)
+
+
+def _kernel_names(pa, c, slots: np.ndarray):
+    us, inv = np.unique(slots, return_inverse=True)
+    return pa.DictionaryArray.from_arrays(pa.array(inv.reshape(-1).astype(np.int32)),
+                                          pa.array([c.kernel_name(k) for k in us.tolist()], pa.string()))
+
+
+def _launch_table(pa, c, sink, options: EmitOptions) -> None:
+    """The ``launch`` table: one row per launch or graph-node execution (launch-table row, graph uploads left out):
+    its device start (first block entry), last block entry, end (last block exit: null when the dump records no
+    exits) and duration (kvconv.check.reconcile.durations, the computation reconcile reports), blocks predicted and
+    recorded, replay and node."""
+    from kvconv.check.reconcile.durations import LaunchDurations
+    from kvconv.check.reconcile.exact import ExactJoin
+
+    h = c.host
+    ld = LaunchDurations(h, c.xjoin if c.xjoin is not None else ExactJoin(h))
+    count = np.zeros(h.n, np.int64)
+    last = np.full(h.n, -1, np.int64)
+    for first, recs in c.chunks(options.chunk, sub=SLICE):
+        ld.feed(first, recs)
+        enter = recs["kind"] == _BLOCK_ENTER
+        r = ld.xj.lookup(recs["gridid"][enter], recs["tag"][enter], recs["flags"][enter], recs["kind"][enter])
+        ok = r >= 0
+        np.add.at(count, r[ok], 1)
+        np.maximum.at(last, r[ok], recs["globaltimer"][enter][ok].astype(np.int64))
+    d = ld.finish()
+    rows = np.flatnonzero(h.shown)
+    timed, has_start = d.timed[rows], count[rows] > 0
+    isg = h.kind[rows] == GRAPH_NODE
+    i64 = lambda v, m: pa.array(v, pa.int64(), mask=~m)  # noqa: E731 - null where not known
+    cols = {"context_id": np.full(len(rows), c.context_id, np.uint32),
+            "kind": pa.DictionaryArray.from_arrays(pa.array(np.where(isg, 0, 1).astype(np.int8)),
+                                                   pa.array(["graph_node", "eager_launch"])),
+            "host_index": h.index[rows].astype(np.int64), "graph_exec": h.graph_exec[rows],
+            "replay": np.where(isg, h.launch_id[rows], 0).astype(np.uint64),
+            "node_ordinal": h.node_ordinal[rows].astype(np.int32),
+            "stream": h.stream[rows], "grid_id": h.grid_id[rows],
+            "kernel": _kernel_names(pa, c, h.kernel_slot[rows]),
+            "blocks_predicted": np.maximum(h.grid[rows], 0), "blocks_recorded": count[rows],
+            "start_ns": i64(d.start_ns[rows], has_start), "last_entry_ns": i64(last[rows], has_start),
+            "end_ns": i64(d.end_ns[rows], timed), "duration_ns": i64(d.duration_ns[rows], timed),
+            "blocks_paired": d.blocks[rows]}
+    fields = [pa.field(k, v.type if isinstance(v, pa.Array) else pa.from_numpy_dtype(v.dtype))
+              for k, v in cols.items() if k != "context_id"]
+    s = sink("launch", None, fields=fields)
+    s.write(cols)
+    s.close()
 
 
 def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
@@ -254,6 +305,7 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
 
 # Record kinds whose table is made by code of its own here (names resolved, pages flattened, ...); any other kind
 # whose "arrow" is set in schemas/layouts.json is exported as its records (tests/test_kinds.py checks the set).
+_BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
 _OWN_TABLES = frozenset({"device_event", "graph_node", "eager_launch", "kernel", "canary", "canary_pages", "metadata",
                          "strings"})
 

@@ -23,7 +23,7 @@ from kvconv.emit import _text as t
 from kvconv.emit._canary import CanarySteps, canaries
 from kvconv.emit._contexts import emit_run, release_join
 from kvconv.emit._first_pass import first_pass, flow_id
-from kvconv.emit._stream import SLICE
+from kvconv.emit._stream import EAGER, GRAPH_NODE, SLICE
 from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import Plan
@@ -84,10 +84,18 @@ class _Chrome:
             for ln in range(n_node):
                 thread(u.exec_nodes(j, ln), f"graph exec {e:#x} · nodes" + (f" ({ln + 1})" if ln else ""))
             thread(u.exec_host(j), f"graph exec {e:#x} · host node launches")
+            for kind, ix, lid, tname in pl.kernel_track_names():
+                if kind == "exec" and ix == j:
+                    thread(lid, f"graph exec {e:#x} · {tname}")
         for i, s in enumerate(pl.streams):
             thread(u.stream(i), f"eager launches · stream {s:#x}")
+            for kind, ix, lid, tname in pl.kernel_track_names():
+                if kind == "stream" and ix == i:
+                    thread(lid, tname)
         for s in pl.used_sms():
             thread(u.sm(s), f"SM {s}")
+            for k, lid in enumerate(pl.sm_lane_tracks(s), 2):
+                thread(lid, f"SM {s} ({k})")
         if pl.canary:
             thread(u.CANARY, "canary")
             for step, buf, host_ns, n in pl.canary.rows():
@@ -165,6 +173,31 @@ class _Chrome:
                 t.ts_us(c.clock.to_host(r[:, 0].astype(np.uint64))), t.lit(',"dur":'), t.ts_us(r[:, 1] - r[:, 0]),
                 t.lit(',"name":"replay","cat":"replay","args":{"replay":'), t.uint(r[:, 2]), t.lit("}}")], len(r))
 
+    def kernels(self):
+        """Each launch with recorded blocks as a GPU kernel the way torch.profiler (Kineto) writes one: ``"cat":
+        "kernel"``, ``"ph":"X"`` from its first block entry to its last block exit (to its last block entry when the
+        dump records no exits: ``args.span`` says which), ``args`` device, stream, correlation (the launch's grid
+        id), grid and block; Holistic Trace Analysis counts GPU kernels by ``args.stream``."""
+        pl, c, h = self.pl, self.c, self.c.host
+        rows, start, end = pl.launch_spans()
+        if not len(rows):
+            return
+        dims = _block_dims(c, rows)
+        us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
+        names = [_j(c.kernel_name(s)) for s in us.tolist()]
+        span = b"entry-exit" if pl.exits_recorded else b"entries"
+        for a in range(0, len(rows), t.SLICE):
+            r, k = rows[a : a + t.SLICE], slice(a, a + t.SLICE)
+            yield from t.render_parts([
+                t.lit(b',\n{"ph":"X","cat":"kernel","pid":%d,"tid":' % self.pid), t.uint(pl.kernel_track[k]),
+                t.lit(',"ts":'), t.ts_us(c.clock.to_host(start[k].astype(np.uint64))), t.lit(',"dur":'),
+                t.ts_us(end[k] - start[k]), t.lit(',"name":'), t.choice(nid.reshape(-1)[k], names),
+                t.lit(b',"args":{"device":%d,"stream":' % c.device_id), t.uint(h.stream[r]),
+                t.lit(',"correlation":'), t.uint(h.grid_id[r]), t.lit(',"grid":['), t.uint(h.gx[r]), t.lit(","),
+                t.uint(h.gy[r]), t.lit(","), t.uint(h.gz[r]), t.lit('],"block":['), t.uint(dims[0][k]), t.lit(","),
+                t.uint(dims[1][k]), t.lit(","), t.uint(dims[2][k]), t.lit('],"blocks":'), t.uint(pl.agg.count[r]),
+                t.lit(b',"span":"%s"}}' % span)], len(r))
+
     def counters(self) -> list:
         c, agg = self.c, self.pl.agg
         parts = []
@@ -186,19 +219,28 @@ class _Chrome:
         """Write the lines of one chunk's device events with ``write``, slice by slice (slices whose records and
         temporaries stay in cache; only one slice's lines are held); returns the events written."""
         recs, dev_index, hasm = self.pl.kept(first, recs)
+        pair, recs, dev_index, hasm = self.pl.paired(first, recs, dev_index, hasm)
         n = len(recs)
         for s in range(0, n, LINES):
             e = min(n, s + LINES)
             di = (first + np.arange(s, e)) if dev_index is None else dev_index[s:e]
-            for b in self._device_slice(recs[s:e], di, hasm[s:e] if hasm is not None else None):
+            for b in self._device_slice(recs[s:e], di, hasm[s:e] if hasm is not None else None,
+                                        pair[s:e] if pair is not None else None):
                 write(b)
         return n
 
-    def _device_slice(self, recs: np.ndarray, di: np.ndarray, hasm) -> list:
+    def _device_slice(self, recs: np.ndarray, di: np.ndarray, hasm, pair=None) -> list:
+        """Block events: a paired block entry as an "X" from its entry to its exit on its SM's lane; other
+        events (entries of enter-only dumps, unpaired entries and exits) as zero-length "X" on their SM."""
         pl, c = self.pl, self.c
         n = len(recs)
         ts = c.clock.to_host(recs["globaltimer"])
-        tid = recs["smid"].astype(np.int64) + pl.tracks.sm(0)
+        if pair is None:
+            tid, dur = recs["smid"].astype(np.int64) + pl.tracks.sm(0), t.lit(',"dur":0,"name":')
+        else:
+            end = np.where(pair >= 0, pl.agg.blocks.end_ns[np.maximum(pair, 0)], recs["globaltimer"].astype(np.int64))
+            tid = pl.block_track_ids(recs, pair).astype(np.int64)
+            dur = [t.lit(',"dur":'), t.ts_us(end - recs["globaltimer"].astype(np.int64)), t.lit(',"name":')]
         slot = recs["kernel_slot"]
         kmin, kmax = int(slot.min()), int(slot.max())
         ex = recs["kind"] == BLOCK_EXIT
@@ -214,7 +256,8 @@ class _Chrome:
             strings = [_j(short_name(c.kernel_name(k >> 1)) + (EXIT_SUFFIX if k & 1 else "")) for k in us.tolist()]
         parts = t.render_parts([
             t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(ts),
-            t.lit(',"dur":0,"name":'), t.choice(nid.reshape(-1), strings), t.lit(',"cat":"block","args":{"block":['),
+            *(dur if isinstance(dur, list) else [dur]), t.choice(nid.reshape(-1), strings),
+            t.lit(',"cat":"block","args":{"block":['),
             t.uint(recs["block_x"]), t.lit(","), t.uint(recs["block_y"]), t.lit(","), t.uint(recs["block_z"]),
             t.lit('],"seq":'), t.uint(recs["sequence"]), t.lit("}}")], n)
         if hasm is not None:
@@ -247,12 +290,14 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
         plans = [_Chrome(Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
         other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
                  "dump's clock-sync pairs", "alignment": [c.alignment() for c in ctxs]}
-        head = {"displayTimeUnit": "ns", "otherData": other}
+        head = {"displayTimeUnit": "ns", "otherData": other, "schemaVersion": 1}
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="chrome", force=options.force) as tmp, open(tmp, "r+b") as raw, \
                 BackgroundWriter(raw) as f:
             f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
+            # Kineto's header: HTA finds a trace's rank with the pattern '"rank":\s+N' (a space after the colon)
+            f.write(b',"distributedInfo":{"rank": %d}' % _rank(ctxs))
             f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
             for ch in plans:
                 for b in ch.meta():
@@ -262,6 +307,8 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                     f.write(b)
                 res.flows += ch.pl.host_flows()
                 for b in ch.slices():
+                    f.write(b)
+                for b in ch.kernels():
                     f.write(b)
                 for b in ch.counters():
                     f.write(b)
@@ -276,3 +323,24 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
         res.alignment = [c.alignment() for c in ctxs]
     return res
 
+
+def _rank(ctxs) -> int:
+    """The trace's rank for tools that read one trace per rank (HTA): the dump's ``metadata.rank`` where the tracer
+    recorded one, else the GPU of its first context (one GPU per rank, as tensor-parallel engines run)."""
+    meta = ctxs[0].meta or {} if ctxs else {}
+    r = meta.get("rank") if isinstance(meta, dict) else None
+    return int(r) if isinstance(r, int) and r >= 0 else (ctxs[0].device_id if ctxs else 0)
+
+
+def _block_dims(c, rows: np.ndarray) -> tuple:
+    """blockDim x, y, z of the launch-table ``rows`` (read from their records: the table keeps the grid only)."""
+    h = c.host
+    out = [np.zeros(len(rows), np.uint64) for _ in range(3)]
+    for kind, name in ((GRAPH_NODE, "graph_node"), (EAGER, "eager_launch")):
+        sel = np.flatnonzero(h.kind[rows] == kind)
+        if len(sel):
+            recs = c.dump.records(name, context_id=c.context_id)
+            idx = h.index[rows[sel]]
+            for k, f in enumerate(("block_dim_x", "block_dim_y", "block_dim_z")):
+                out[k][sel] = recs[f][idx]
+    return tuple(out)

@@ -35,6 +35,7 @@ from kvconv.emit.plan import SPAN, Plan
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
+BOOT_CLOCK = 6  # BUILTIN_CLOCK_BOOTTIME: the clock trace_processor takes a proto trace's own to be
 SEQ_CLEARED, SEQ_NEEDS = 1, 2
 T_BEGIN, T_END, T_INSTANT, T_COUNTER = 1, 2, 3, 4
 META_SEQ = 1
@@ -48,6 +49,27 @@ def _pb():
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
     return pb
+
+
+def trace_clock_anchor(pb) -> bytes:
+    """The first packet of every trace: CLOCK_MONOTONIC is the trace's time (``primary_trace_clock``), and
+    CLOCK_BOOTTIME is related to it.
+
+    trace_processor registers BOOTTIME as the clock of every proto trace file and, on the first timestamp it
+    converts, bridges that clock to the trace time clock; with the trace time MONOTONIC and no snapshot holding
+    BOOTTIME the bridge is refused and the import logs ``clock_sync_unrelatable_clock_domains`` (an error in
+    ui.perfetto.dev's trace health). Dumps record host times in MONOTONIC only, so the two are related at offset 0:
+    exact on a host that has not been suspended since boot (where BOOTTIME = MONOTONIC); it moves only events of
+    another trace recorded in BOOTTIME and merged with this one, by the time the host spent suspended. The
+    snapshot also sets the trace time when no context has clock-sync pairs (no other snapshot is written then)."""
+    p = pb.TracePacket()
+    p.trusted_packet_sequence_id = META_SEQ
+    cs = p.clock_snapshot
+    for clock in (BOOT_CLOCK, HOST_CLOCK):
+        a = cs.clocks.add()
+        a.clock_id, a.timestamp = clock, 0
+    cs.primary_trace_clock = HOST_CLOCK
+    return frame(p.SerializeToString())
 
 
 def frame(packet: bytes) -> bytes:
@@ -128,6 +150,9 @@ class _Packets:
         iids = np.array([self.dev_names(n) for n in pl.node_names], np.uint64)
         self.node_name_iid = iids[pl.node_name_ix] if len(iids) else np.zeros(len(pl.node_rows), np.uint64)
         self.replay_name_iid = np.array([self.dev_names(n) for n in pl.replay_names], np.uint64)
+        kiid = np.array([self.dev_names(n) for n in pl.kernel_names], np.uint64) \
+            if pl.kernel_names and pl.exits_recorded else None
+        self.kernel_name_iid = kiid[pl.kernel_name_ix] if kiid is not None else np.zeros(0, np.uint64)
         hs = pl.host_rows
         self.host_name_iid = np.zeros(len(hs), np.uint64)
         if len(hs):
@@ -171,13 +196,19 @@ class _Packets:
             for ln in range(n_node):
                 td(u.exec_nodes(j, ln), "nodes" + (f" ({ln + 1})" if ln else ""), parent=u.exec_group(j))
             td(u.exec_host(j), "host node launches", parent=u.exec_group(j))
+            for _, _, lid, name in self._kernel_tracks("exec", j):
+                td(u(lid), name, parent=u.exec_group(j))
         for i, s in enumerate(self.plan.streams):
             td(u.stream(i), f"eager launches · stream {s:#x}", parent=u.root)
+            for _, _, lid, name in self._kernel_tracks("stream", i):
+                td(u(lid), name, parent=u.root)
         used = self.plan.used_sms()
         if len(used):
             td(u.blocks, "device blocks", parent=u.root, ordering=3)
             for s in used:
                 td(u.sm(s), f"SM {s}", parent=u.blocks)
+                for k, lid in enumerate(self.plan.sm_lane_tracks(s), 2):
+                    td(u(lid), f"SM {s} ({k})", parent=u.blocks)
             td(u.rate, "block events per ms", parent=u.root, counter="events/ms")
             td(u.drops, "dropped device events", parent=u.root, counter="events")
         if h.n:
@@ -185,6 +216,11 @@ class _Packets:
         if self.canary:
             td(u.canary, "canary", parent=u.root)
         return out
+
+    def _kernel_tracks(self, kind: str, ix: int):
+        if not self.plan.exits_recorded:  # no kernel durations without block exits
+            return []
+        return [t for t in self.plan.kernel_track_names() if t[0] == kind and t[1] == ix]
 
     def seq_start(self, pb, seq: int, names: _Names, ann: tuple, clock: int) -> bytes:
         p = pb.TracePacket()
@@ -339,6 +375,7 @@ class _Packets:
         The chunk is encoded in cache-sized slices; the slices' layout groups are merged back into the order one
         encoding of the whole chunk gives (see :func:`_wire.encode_groups`)."""
         recs, dev_index, has = self.plan.kept(first, recs)
+        pair, recs, dev_index, has = self.plan.paired(first, recs, dev_index, has)
         n = len(recs)
         if not n:
             return [], 0, 0
@@ -349,27 +386,60 @@ class _Packets:
         for s in range(0, n, SLICE):
             e = min(n, s + SLICE)
             di = (first + np.arange(s, e, dtype=np.uint64)) if dev_index is None else dev_index[s:e]
-            for sig, m in self._device_slice(recs[s:e], di, nflow, has[s:e] if has is not None else None):
+            p = pair[s:e] if pair is not None else None
+            for sig, m in self._device_slice(recs[s:e], di, nflow, has[s:e] if has is not None else None, p):
                 groups.append((sig, s, m))
         if len(groups) > 1:
             groups.sort(key=lambda g: (g[0], g[1]))
-        return [g[2] for g in groups], n, nflow
+        return [g[2] for g in groups] + self._block_ends(recs, pair), n, nflow
 
-    def _device_slice(self, recs, di, nflow: int, has) -> list:
+    def _block_track(self, recs, pair):
+        """Track uuid of each event: its SM's (lane 0), or the lane of its block's slice."""
+        if pair is None:
+            return np.uint64(self.u.sm(0)) + recs["smid"].astype(np.uint64)
+        return self.u(self.plan.block_track_ids(recs, pair))
+
+    def _device_slice(self, recs, di, nflow: int, has, pair=None) -> list:
         c = self.c
         slot = recs["kernel_slot"]
         if self.slot_lut is not None:
             iid = self.slot_lut[slot]
         else:
             iid = np.array([self.slot_map[int(s)] for s in slot], np.uint64)
-        track = np.uint64(self.u.sm(0)) + recs["smid"].astype(np.uint64)
-        te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])]),
-              w.const(bytes([0x48, T_INSTANT])), w.varint(10, iid), w.varint(11, track)]
+        track = self._block_track(recs, pair)
+        typ = w.const(bytes([0x48, T_INSTANT])) if pair is None else \
+            w.varint(9, np.where(pair >= 0, T_BEGIN, T_INSTANT).astype(np.uint64))
+        te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])]), typ, w.varint(10, iid),
+              w.varint(11, track)]
         if nflow:
             te.append(w.fixed64(48, flow_id(c, di), present=has))
         pk = [w.varint(8, recs["globaltimer"]), w.varint(10, self.dev_seq), w.msg(11, te),
               w.const(bytes([0x68, SEQ_NEEDS]))]
         return w.encode_groups([w.msg(1, pk)], len(recs))
+
+    def _block_ends(self, recs, pair) -> list:
+        """The end packets of the block slices begun in the chunk (at their exit's time, on their lane)."""
+        if pair is None or not (pair >= 0).any():
+            return []
+        k = np.flatnonzero(pair >= 0)
+        track = self._block_track(recs[k], pair[k])
+        end = self.agg.blocks.end_ns[pair[k]].astype(np.uint64)
+        te = [w.const(bytes([0x48, T_END])), w.varint(11, track)]
+        pk = [w.varint(8, end), w.varint(10, self.dev_seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
+        parts, _ = w.encode_parts([w.msg(1, pk)], len(k))
+        return parts
+
+    def kernel_packets(self):
+        """The kernel slices (first block entry to last block exit of each timed launch), yielded a batch at a
+        time."""
+        pl, h = self.plan, self.c.host
+        rows = pl.kernel_rows
+        if not len(rows) or not pl.exits_recorded:
+            return
+        yield from self._slices(pl.kernel_start.astype(np.uint64), pl.kernel_end.astype(np.uint64),
+                                self.u(pl.kernel_track), self.kernel_name_iid,
+                                [(2, np.where(h.kind[rows] == GRAPH_NODE, h.launch_id[rows], 0).astype(np.uint64)),
+                                 (3, self.agg.count[rows].astype(np.uint64))])
 
 
 def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
@@ -397,6 +467,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
                 BackgroundWriter(raw) as f:
+            f.write(trace_clock_anchor(pb))
             for pl in plans:
                 for b in pl.descriptors(pb):
                     f.write(b)
@@ -412,6 +483,8 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                 for b in pl.canary_packets(pb):
                     f.write(b)
                 for b in pl.slice_packets():
+                    f.write(b)
+                for b in pl.kernel_packets():
                     f.write(b)
                 for b in pl.counter_packets():
                     f.write(b)

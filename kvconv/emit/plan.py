@@ -54,8 +54,18 @@ class TrackIds:
         starts = self.exec_group(n) + np.concatenate([[0], np.cumsum(sizes)[:-1]]) if n else np.zeros(0, np.int64)
         self.replay0 = starts[0::2].astype(np.uint64)
         self.node0 = starts[1::2].astype(np.uint64)
-        if n and int(starts[-1] + sizes[-1]) >= SPAN:
-            raise OutputError(f"context {self.context}: too many tracks ({int(sizes.sum()):,} lanes)",
+        self.next = int(starts[-1] + sizes[-1]) if n else self.exec_group(0)
+        self._check()
+
+    def take(self, n: int) -> int:
+        """``n`` more ids (after every other): the first."""
+        first, self.next = self.next, self.next + n
+        self._check()
+        return first
+
+    def _check(self) -> None:
+        if self.next >= SPAN:
+            raise OutputError(f"context {self.context}: too many tracks ({self.next:,})",
                               hint="narrow the trace with --window or --replays", code="too-many-tracks")
 
     def exec_replays(self, j, lane):
@@ -148,6 +158,109 @@ class Plan:
                                 [self.node_lanes.get(j, 0) for j in range(n)])
         self.host_rows = np.flatnonzero(shown)
         self.canary = canary if canary is not None else canary_steps(c.dump).get(c.context_id)
+        self._block_lanes()
+        self._kernel_slices()
+
+    def _block_lanes(self) -> None:
+        """Paired blocks (entry to exit) overlap on an SM (several blocks are resident at once): per SM, as many
+        lanes as that takes; lane 0 is the SM's own track, lane k its k-th extra track (``sm_lane_tracks``)."""
+        b = self.agg.blocks
+        self.block_lane = np.zeros(len(b) if b is not None else 0, np.int64)
+        self.sm_extra: dict[int, int] = {}  # smid -> local id of its lane 1 (lanes 1.. are consecutive)
+        if b is None:
+            return
+        o = np.argsort(b.smid, kind="stable")
+        cut = np.flatnonzero(np.diff(b.smid[o])) + 1
+        for sel in np.split(o, cut):
+            if len(sel):
+                self.block_lane[sel] = lanes(b.start_ns[sel], b.end_ns[sel])
+                extra = int(self.block_lane[sel].max())
+                if extra:
+                    self.sm_extra[int(b.smid[sel[0]])] = self.tracks.take(extra)
+
+    def paired(self, first: int, recs, dev_index, has):
+        """With paired blocks: the pair of each event (-1: none), the exits that end a pair left out (their block's
+        slice ends at them); else None and the events as they are."""
+        b = self.agg.blocks
+        if b is None or not len(recs):
+            return None, recs, dev_index, has
+        di = first + np.arange(len(recs), dtype=np.int64) if dev_index is None else np.asarray(dev_index, np.int64)
+        pair, is_exit = b.in_chunk(di)
+        if is_exit.any():
+            k = np.flatnonzero(~is_exit)
+            recs, di, pair, has = recs[k], di[k], pair[k], (has[k] if has is not None else None)
+        return pair, recs, di.astype(np.uint64), has
+
+    def block_track_ids(self, recs, pair) -> np.ndarray:
+        """The local track id of each event of a chunk: its SM's (lane 0), or the lane of its block's slice."""
+        lane = np.where(pair >= 0, self.block_lane[np.maximum(pair, 0)], 0)
+        return self.block_tracks(recs["smid"].astype(np.int64), lane)
+
+    def block_tracks(self, smid: np.ndarray, lane: np.ndarray) -> np.ndarray:
+        """The local track id of blocks on SM ``smid``, lane ``lane`` (vectorised)."""
+        out = self.tracks.sm(smid.astype(np.int64))
+        k = np.flatnonzero(lane > 0)
+        if len(k):
+            out[k] = np.array([self.sm_extra[int(s)] for s in smid[k].tolist()], np.int64) + lane[k] - 1
+        return out
+
+    def sm_lane_tracks(self, smid: int) -> list[int]:
+        """The local ids of SM ``smid``'s extra lanes."""
+        b, first = self.agg.blocks, self.sm_extra.get(smid)
+        if first is None:
+            return []
+        n = int(self.block_lane[b.smid == smid].max())
+        return list(range(first, first + n))
+
+    def _kernel_slices(self) -> None:
+        """Per timed launch (first block entry to last block exit): a slice on its graph exec's, or its stream's,
+        "kernels" track (lanes where kernels overlap), as Nsight Systems' CUDA HW row."""
+        h = self.c.host
+        self.kernel_rows = np.zeros(0, np.int64)
+        self.kernel_names: list[str] = []
+        self.kernel_tracks: list[tuple[str, int, int]] = []  # (group: "exec" | "stream", index, first local id)
+        rows, self.kernel_start, self.kernel_end = self.launch_spans()
+        gn = h.kind[rows] == GRAPH_NODE
+        grp = np.where(gn, np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows]),
+                       len(self.execs) + np.searchsorted(np.array(self.streams, np.uint64), h.stream[rows]))
+        self.kernel_rows, self.kernel_track = rows, np.zeros(len(rows), np.int64)
+        self.kernel_lanes: dict[int, int] = {}
+        for g in np.unique(grp).tolist():
+            sel = np.flatnonzero(grp == g)
+            ln = lanes(self.kernel_start[sel], self.kernel_end[sel])
+            first = self.tracks.take(int(ln.max()) + 1)
+            self.kernel_lanes[g] = int(ln.max()) + 1
+            self.kernel_track[sel] = first + ln
+            kind, ix = ("exec", g) if g < len(self.execs) else ("stream", g - len(self.execs))
+            self.kernel_tracks.append((kind, ix, first))
+        names = {s: short_name(self.c.kernel_name(s)) for s in np.unique(h.kernel_slot[rows]).tolist()}
+        self.kernel_names = list(names.values())
+        slot_ix = {s: i for i, s in enumerate(names)}
+        self.kernel_name_ix = np.array([slot_ix[s] for s in h.kernel_slot[rows].tolist()], np.int64)
+
+    def launch_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rows, start, end)`` (device ns) of the shown launches with matched blocks: the first block entry to
+        the last block exit where the dump records exits (kvconv.check.reconcile.durations), else to the last block
+        entry (``exits_recorded`` False: a lower bound of the kernel's duration)."""
+        agg, d = self.agg, self.agg.durations
+        if d is not None:
+            rows = np.flatnonzero(d.timed & self.shown)
+            return rows, d.start_ns[rows], d.end_ns[rows]
+        rows = np.flatnonzero((agg.count > 0) & self.shown)
+        return rows, agg.first_ts[rows].astype(np.int64), agg.last_ts[rows].astype(np.int64)
+
+    @property
+    def exits_recorded(self) -> bool:
+        return self.agg.durations is not None
+
+    def kernel_track_names(self):
+        """``(group, index, local id, name)`` of each kernels track: group "exec" (graph exec ``index``) or
+        "stream" (eager stream ``index``)."""
+        for kind, ix, first in self.kernel_tracks:
+            g = ix if kind == "exec" else len(self.execs) + ix
+            base = "kernels" if kind == "exec" else f"kernels · stream {self.streams[ix]:#x}"
+            for ln in range(self.kernel_lanes[g]):
+                yield kind, ix, first + ln, base + (f" ({ln + 1})" if ln else "")
 
     def _node_slices(self, rows: np.ndarray) -> None:
         """Node executions (graph-node rows with matched events): their exec, lane and name."""
