@@ -1,23 +1,23 @@
 """The ``kvconv`` command line: a thin typer app. It parses, calls the library, and prints.
 
-Errors: every :class:`kvconv.format.errors.KvconvError` is caught here, in one place, printed as one ``Error: ...`` line on
-stderr, and turned into exit code 1 (2 for unreadable input and usage errors). Nothing else prints tracebacks; set
-``KVCONV_DEBUG=1`` to see one for an internal error.
+Errors: every :class:`kvconv.format.errors.KvconvError` is caught here, in one place, printed as one ``Error: ...``
+line on stderr, and turned into exit code 1 (2 for unreadable input and usage errors). Nothing else prints tracebacks;
+set ``KVCONV_DEBUG=1`` to see one for an internal error.
 
     $ kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
     $ kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
 
 One way to define a command (every module in COMMAND_MODULES): a module-level ``app = typer.Typer()`` and its
 commands as module-level functions under ``@app.command()``, their options the shared declarations of
-:mod:`kvconv.cli.common` (``DUMPS``, ``JSON``, ``SALVAGE``, ``QUIET``, ``FORCE``, ``PROGRESS``, ``output_option``; former
-spellings through ``@renamed``), the docstring ending in ``Example: kvconv <command> ...`` (tests/test_cli.py checks
-it). Heavy imports (numpy, pyarrow, protos) go inside the command's body, so ``kvconv --help`` stays fast::
+:mod:`kvconv.cli.common` (``DUMPS``, ``JSON``, ``SALVAGE``, ``QUIET``, ``FORCE``, ``PROGRESS``, ``output_option``;
+former spellings through ``@renamed``), the docstring ending in ``Example: kvconv <command> ...`` (tests/test_cli.py
+checks it). Heavy imports (numpy, pyarrow, protos) go inside the command's body, so ``kvconv --help`` stays fast::
 
     # kvconv/cli/hello.py, then listed in COMMAND_MODULES
     app = typer.Typer()
 
     @app.command()
-    def hello(dumps: List[Path] = DUMPS, as_json: bool = JSON, salvage: bool = SALVAGE) -> None:
+    def hello(dumps: list[Path] = DUMPS, as_json: bool = JSON, salvage: bool = SALVAGE) -> None:
         '''Say hello to each dump.
 
         Example: kvconv hello run.kvdump
@@ -38,11 +38,11 @@ import warnings
 import typer
 import typer.core
 
+from kvconv.format.errors import KvconvError
+
 # Plain click help (rich_markup_mode=None below): typer still escapes "[default: ...]" as "\\[default: ...]" for
 # rich whenever rich is importable; tell it rich is not in use.
 typer.core.HAS_RICH = False
-
-from kvconv.format.errors import KvconvError
 
 COMMAND_MODULES = (
     "kvconv.cli.core",
@@ -84,11 +84,7 @@ def _kvconv(
 
 def _add_commands(module: str) -> None:
     """The commands of ``module``'s ``app`` become commands of the ``kvconv`` app (the same names and help)."""
-    mod = importlib.import_module(module)
-    if hasattr(mod, "app"):
-        app.registered_commands.extend(mod.app.registered_commands)
-    else:  # the former shape, ``register(app)``, until every module has moved to the one above
-        mod.register(app)
+    app.registered_commands.extend(importlib.import_module(module).app.registered_commands)
 
 
 for _mod in COMMAND_MODULES:
