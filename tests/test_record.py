@@ -174,3 +174,12 @@ def test_record_keeps_an_existing_dump_unless_forced(tmp_path, fake_lib):
                 env={"KVCONV_TRACER_LIB": str(fake_lib)})
     assert r.returncode == 0, r.stderr
     assert f"{out}: valid" in r.stdout
+
+
+def test_source_checkout_finds_its_own_tracer(monkeypatch):
+    """Without KVCONV_TRACER_LIB, a source checkout's kvconv finds native/ of that checkout (after the package moved
+    into folders, record.py looked one level too shallow and reported 'installed without native/')."""
+    monkeypatch.delenv(record.ENV_LIB, raising=False)
+    assert record.NATIVE == ROOT / "native"
+    if (ROOT / "native" / "build" / record.LIB_NAME).is_file():
+        assert record.find_library(build=False) == ROOT / "native" / "build" / record.LIB_NAME

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kvconv.format.errors import KvconvError, OutputError, UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # kvconv/capture/record.py -> the checkout, whose native/ holds the tracer
 NATIVE = ROOT / "native"
 LIB_NAME = "libkvconv_tracer.so"
 DEFAULT_KERNELS = ("reshape_and_cache_flash_kernel",)
