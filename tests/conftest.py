@@ -66,6 +66,9 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None =
     e.pop("KVCONV_DEBUG", None)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e["COLUMNS"] = "200"
+    # Progress lines on a non-terminal come every 2 s: on a loaded machine a command that fails after 2 s would add
+    # one before its Error line. Tests of progress set their own interval.
+    e["KVCONV_PROGRESS_INTERVAL"] = "3600"
     if env:
         e.update(env)
     p = subprocess.run([sys.executable, "-m", "kvconv", *map(str, args)], cwd=cwd, env=e, capture_output=True,
