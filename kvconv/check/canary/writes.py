@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvconv.format import layout
+from kvconv.check.canary import write_join as wj
+from kvconv.check.canary.write_join import name as _name
+from kvconv.check.canary.write_join import step_map as _step_map
 from kvconv.format.findings import Finding
 
 EXIT_CODES = {"ok": 0, "failed": 1, "nothing-checked": 4}
 MAX_NAMED = 200  # findings named one by one per code; the rest are counted in one more finding
-_SW = layout.ENUMS["slot_write_flags"]
-_PAD = layout.ENUMS["slot_map_flags"]["pad"]
-_LF = layout.ENUMS["launch_flags"]
+_PAD = wj.layout.ENUMS["slot_map_flags"]["pad"]
 
 
 @dataclass
@@ -84,49 +84,6 @@ class _Findings:
         return out
 
 
-def _ctx_groups(d, ctx: int):
-    def one(kind):
-        gs = d.groups_of(kind, context_id=ctx)
-        return (gs[0] if gs else None), d.records(kind, context_id=ctx)
-    return {k: one(k) for k in ("cache", "slot_write", "write_step", "slot_map", "graph_node", "eager_launch")}
-
-
-def _launches(g: dict):
-    """(keys sorted, host_ns, launch_id, node, index) of host records: key (grid_id << 20 | tag) for graph nodes,
-    grid_id << 20 for eager launches (tag 0)."""
-    gn, ea = g["graph_node"][1], g["eager_launch"][1]
-    keys = np.concatenate([(gn["grid_id"] << np.uint64(20)) | (gn["tag"] & np.uint64(0xFFFFF)),
-                           ea["grid_id"] << np.uint64(20)]).astype(np.uint64)
-    host = np.concatenate([gn["host_ns"], ea["host_ns"]]).astype(np.uint64)
-    lid = np.concatenate([gn["launch_id"], np.zeros(len(ea), np.uint64)]).astype(np.uint64)
-    node = np.concatenate([gn["node"], np.zeros(len(ea), np.uint64)]).astype(np.uint64)
-    order = np.argsort(keys, kind="stable")
-    return keys[order], host[order], lid[order], node[order]
-
-
-def _join(sw, g):
-    """Per slot_write: index of its step (-1: none) and its launch's replay id and node (0 for eager)."""
-    keys, host, lid, node = _launches(g)
-    k = (sw["gridid"].astype(np.uint64) << np.uint64(20)) | (sw["tag"].astype(np.uint64) & np.uint64(0xFFFFF))
-    i = np.searchsorted(keys, k)
-    hit = i < len(keys)
-    hit[hit] &= keys[i[hit]] == k[hit]
-    j = np.where(hit, i, 0)
-    hns = np.where(hit, host[j] if len(host) else 0, 0)
-    steps = g["write_step"][1]
-    order = np.argsort(steps["begin_ns"], kind="stable")
-    b, e = steps["begin_ns"][order], steps["end_ns"][order]
-    s = np.searchsorted(b, hns, side="right") - 1
-    ok = hit & (s >= 0)
-    ok[ok] &= hns[ok] <= e[s[ok]]
-    step_idx = np.where(ok, order[np.clip(s, 0, max(len(order) - 1, 0))] if len(order) else -1, -1)
-    return step_idx, np.where(hit, lid[j] if len(lid) else 0, 0), np.where(hit, node[j] if len(node) else 0, 0)
-
-
-def _name(c) -> str:
-    return bytes(c["name"]).rstrip(b"\0").decode("utf-8", "replace")
-
-
 def _outside_where(lo: int, hi: int, caches) -> str:
     if not len(caches):
         return "no cache is registered"
@@ -146,10 +103,9 @@ def check(d, *, path: str | None = None) -> WritesResult:
     fs = _Findings(res.path)
     tot = defaultdict(int)
     for ctx, _dev in d.contexts():
-        g = _ctx_groups(d, ctx)
-        if g["slot_write"][0] is None:
-            continue
-        _check_context(d, ctx, g, fs, tot, res)
+        w = wj.join(d, ctx)
+        if w is not None:
+            _check_context(d, ctx, w, fs, tot, res)
     res.findings = fs.all()
     if not tot["records"] or not tot["steps"]:
         res.findings.append(Finding("warning", "writes-nothing-checked", "no slot_write records, or no recorded step "
@@ -164,10 +120,8 @@ def check(d, *, path: str | None = None) -> WritesResult:
     return res
 
 
-def _check_context(d, ctx, g, fs: _Findings, tot, res) -> None:
-    sw_group, sw = g["slot_write"]
-    caches = g["cache"][1]
-    steps, smap = g["write_step"][1], g["slot_map"][1]
+def _check_context(d, ctx, w: wj.WriteJoin, fs: _Findings, tot, res) -> None:
+    sw_group, sw, caches, steps, smap = w.group, w.records, w.caches, w.steps, w.smap
     names = d.kernel_names(context_id=ctx)
     cinfo = {int(c["cache_id"]): c for c in caches}
     tot["records"] += len(sw)
@@ -177,7 +131,7 @@ def _check_context(d, ctx, g, fs: _Findings, tot, res) -> None:
         fs.add("writes-dropped", f"context {ctx}: {sw_group.drop_count} stores found no room in the device write "
                f"table: their slots may be missing here (record with a larger KVCONV_WRITE_CAPACITY)",
                group=d.groups.index(sw_group), fld="header.drop_count")
-    step_idx, replay, node = _join(sw, g)
+    step_idx = w.step_idx
     unattributed = int((step_idx < 0).sum())
     tot["writes_outside_steps"] += unattributed
     if unattributed:
@@ -185,41 +139,43 @@ def _check_context(d, ctx, g, fs: _Findings, tot, res) -> None:
                f"(no host launch record, or a launch outside every write_step window): not checked",
                group=d.groups.index(sw_group), severity="warning")
     gi = d.groups.index(sw_group)
-    history = _slot_history(steps, smap)
     written = defaultdict(lambda: defaultdict(list))  # step -> (cache, slot) -> [record index]
     for i in range(len(sw)):
-        r, si = sw[i], int(step_idx[i])
-        where = (f"step {int(steps[si]['step'])} " if si >= 0 else "no step ") + \
-                (f"replay {int(replay[i])} node {int(node[i]):#x} " if replay[i] else "eager launch ") + \
-                f"kernel {names.get(int(r['kernel_slot']), '?')!r} gridid {int(r['gridid'])} " \
-                f"block ({int(r['block_x'])},{int(r['block_y'])},{int(r['block_z'])})"
-        off = sw_group.record_offset(i)
-        if int(r["flags"]) & _SW["outside"]:
-            lo, hi = int(r["addr_lo"]), int(r["addr_hi"])
-            fs.add("writes-outside-cache", f"{where}: {int(r['stores'])} stores to [{lo:#x}, {hi:#x}) outside every "
-                   f"registered cache: {_outside_where(lo, hi, caches)}{_row(steps, smap, si, r)}",
-                   group=gi, record=i, offset=off, fld="slot_write.addr_lo")
-            continue
-        c = cinfo.get(int(r["cache_id"]))
-        if c is None:
-            fs.add("writes-cache-id", f"{where}: cache id {int(r['cache_id'])} is not registered", group=gi, record=i,
-                   offset=off + 40, fld="slot_write.cache_id")
-            continue
-        if si < 0:
-            continue
-        slot = int(r["page"]) * int(c["page_size"]) + int(r["offset"])
-        written[si][(int(r["cache_id"]), slot)].append(i)
-        m = _step_map(steps, smap, si)
-        if slot in m["live"] or slot in m["pad"]:
-            continue
-        owner = history.get(slot)
-        own = ", no request mapped it before" if owner is None or owner[0] > int(steps[si]["step"]) else \
-            f", a slot of request {owner[1]} (mapped at step {owner[0]})"
-        fs.add("writes-unmapped-slot", f"{where}: cache {_name(c)!r} slot {slot} (page {int(r['page'])} offset "
-               f"{int(r['offset'])}) is mapped by no token of the step{own}{_row(steps, smap, si, r)}",
-               group=gi, record=i, offset=off + 32, fld="slot_write.page")
+        _check_record(w, i, names, cinfo, fs, gi, written)
     for si in range(len(steps)):
         _check_step(steps, smap, si, written[si], cinfo, sw, fs, gi, ctx, res)
+
+
+def _check_record(w: wj.WriteJoin, i: int, names, cinfo, fs: _Findings, gi: int, written) -> None:
+    r, si, st = w.records[i], int(w.step_idx[i]), int(w.status[i])
+    steps, smap = w.steps, w.smap
+    if st in (wj.MAPPED, wj.PAD):  # allowed: only counted for the step's missing slots and conflicts
+        written[si][(int(r["cache_id"]), int(w.slot[i]))].append(i)
+        return
+    if st == wj.NO_STEP:
+        return
+    where = (f"step {int(steps[si]['step'])} " if si >= 0 else "no step ") + \
+            (f"replay {int(w.replay[i])} node {int(w.node[i]):#x} " if w.replay[i] else "eager launch ") + \
+            f"kernel {names.get(int(r['kernel_slot']), '?')!r} gridid {int(r['gridid'])} " \
+            f"block ({int(r['block_x'])},{int(r['block_y'])},{int(r['block_z'])})"
+    off = w.group.record_offset(i)
+    if st == wj.OUTSIDE:
+        lo, hi = int(r["addr_lo"]), int(r["addr_hi"])
+        fs.add("writes-outside-cache", f"{where}: {int(r['stores'])} stores to [{lo:#x}, {hi:#x}) outside every "
+               f"registered cache: {_outside_where(lo, hi, w.caches)}{_row(steps, smap, si, r)}",
+               group=gi, record=i, offset=off, fld="slot_write.addr_lo")
+        return
+    if st == wj.UNKNOWN_CACHE:
+        fs.add("writes-cache-id", f"{where}: cache id {int(r['cache_id'])} is not registered", group=gi, record=i,
+               offset=off + 40, fld="slot_write.cache_id")
+        return
+    slot, c = int(w.slot[i]), cinfo[int(r["cache_id"])]
+    written[si][(int(r["cache_id"]), slot)].append(i)
+    own = f", a slot of request {int(w.owner[i])} (mapped at step {int(w.owner_step[i])})" if w.has_owner[i] \
+        else ", no request mapped it before"
+    fs.add("writes-unmapped-slot", f"{where}: cache {_name(c)!r} slot {slot} (page {int(r['page'])} offset "
+           f"{int(r['offset'])}) is mapped by no token of the step{own}{_row(steps, smap, si, r)}",
+           group=gi, record=i, offset=off + 32, fld="slot_write.page")
 
 
 def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
@@ -244,23 +200,6 @@ def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
                    f"by {len(blocks)} blocks: {desc}", group=gi, record=recs[0])
     res.steps.append({"context_id": ctx, "step": st, "tokens": int(steps[si]["map_count"]),
                       "slot_records": len(written), "missing_slots": missing, "conflicts": conflicts})
-
-
-def _step_map(steps, smap, si) -> dict:
-    s = steps[si]
-    rows = smap[int(s["map_first"]):int(s["map_first"]) + int(s["map_count"])]
-    live = {int(r["slot"]): int(r["request_id"]) for r in rows if not int(r["flags"]) & _PAD and int(r["slot"]) >= 0}
-    pad = {int(r["slot"]) for r in rows if int(r["flags"]) & _PAD and int(r["slot"]) >= 0}
-    return {"live": live, "pad": pad, "rows": rows}
-
-
-def _slot_history(steps, smap) -> dict[int, tuple[int, int]]:
-    """slot -> (step, request) of the last non-padding token mapped to it (steps in step order)."""
-    out: dict[int, tuple[int, int]] = {}
-    for si in np.argsort(steps["step"], kind="stable"):
-        for slot, req in _step_map(steps, smap, int(si))["live"].items():
-            out[slot] = (int(steps[si]["step"]), req)
-    return out
 
 
 def _row(steps, smap, si, r) -> str:
