@@ -16,8 +16,8 @@ Works (each captured as one CUDA graph and replayed; the same process replays al
 Process configs (--configs): untraced; before (--before-lib, its defaults); after (this build, defaults);
 floor (this build, KVCONV_CALLBACKS=none: the Compute Sanitizer injection, subscribed, no callback, no patch);
 profiler (untraced + torch.profiler with CUDA activity, i.e. CUPTI kernel records, around the timed loop).
-Rounds run the configs in alternating order (ABCDE, EDCBA, ...). Per replay: GPU time between CUDA events
-(median of --iters), host time of replay(). Added = config / untraced - 1 (same round).
+Rounds run untraced first, then the other configs in alternating order (ABCD, DCBA, ...). Per replay: GPU time
+between CUDA events (median of --iters), host time of replay(). Added = config / untraced - 1 (same round).
 """
 
 from __future__ import annotations
@@ -114,7 +114,10 @@ build.cache = {}
 
 
 def capture(torch, works, layers):
-    graphs = {}
+    """{work: graph}, and the graphs' input tensors, which must outlive them: a replay reads its token and slot from
+    the addresses captured, and torch.cuda.graph() empties the allocator's cache before each capture (a freed input
+    would be unmapped, or reused: an illegal address, or a KV write to a garbage slot)."""
+    graphs, inputs = {}, []
     for work in works:
         m, H = build(torch, work, layers)
         build.cache[work] = m
@@ -128,8 +131,9 @@ def capture(torch, works, layers):
         with torch.cuda.graph(g):
             m.forward(tok, slot)
         graphs[work] = g
+        inputs.append((tok, slot))
     torch.cuda.synchronize()
-    return graphs
+    return graphs, inputs
 
 
 def kernels_per_replay(torch, graphs, reps=3):
@@ -177,7 +181,7 @@ def inner(args) -> dict:
     import torch
 
     t0 = time.perf_counter()
-    graphs = capture(torch, args.works, args.layers)
+    graphs, _inputs = capture(torch, args.works, args.layers)
     t_setup = time.perf_counter() - t0
     if args.profiler:
         from torch.profiler import ProfilerActivity, profile
@@ -213,8 +217,6 @@ def config_env(cfg, args):
             env["KVCONV_CALLBACKS"] = "none"
     if cfg == "profiler":
         extra.append("--profiler")
-    if cfg == "untraced":
-        extra.append("--count-kernels")
     return env, extra
 
 
@@ -250,19 +252,30 @@ def summarize(rounds, configs):
 def outer(args) -> int:
     rounds = []
     for rnd in range(args.rounds):
-        order = args.configs if rnd % 2 == 0 else list(reversed(args.configs))
+        # alternating order (ABCD, DCBA, ...) but the baseline first in each round: a round cut short keeps its base
+        rest = [c for c in args.configs if c != "untraced"]
+        order = [c for c in args.configs if c == "untraced"] + (rest if rnd % 2 == 0 else rest[::-1])
         res = {}
         for cfg in order:
             env, extra = config_env(cfg, args)
+            if cfg == "untraced" and rnd == 0:
+                extra.append("--count-kernels")
             cmd = [sys.executable, __file__, "--inner", "--iters", str(args.iters), "--warmup", str(args.warmup),
                    "--layers", str(args.layers), "--works", *args.works, *extra]
             t = time.perf_counter()
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            try:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired as e:  # this config has no figures; the others still count
+                p = subprocess.CompletedProcess(cmd, -9, "", f"Error: timed out after {e.timeout} s\n")
             print(f"# round {rnd + 1} {cfg}: exit {p.returncode} in {time.perf_counter() - t:.1f} s", flush=True)
             sys.stderr.write("".join(ln + "\n" for ln in p.stderr.splitlines() if "kvconv-tracer" in ln
                                      or "Error" in ln or "error" in ln)[-3000:])
             res[cfg] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
         rounds.append(res)
+        if args.out:  # after every round: a run cut short by its bound keeps the rounds it finished
+            Path(args.out).write_text(json.dumps({"argv": sys.argv, "rounds": rounds,
+                                                  "table": summarize(rounds, args.configs)},
+                                                 indent=1, sort_keys=True) + "\n")
     table = summarize(rounds, args.configs)
     print(f"{'work':13} {'nodes':>5} {'config':14} {'gpu ms':>8} {'added':>8} {'rounds':>16} {'host us':>8} "
           f"{'us/node':>8} {'us/traced':>9}")
@@ -273,9 +286,6 @@ def outer(args) -> int:
             print(f"{w:13} {t['kernel_nodes'] or 0:5d} {cfg:14} {o['gpu_ms']:8.4f} {o['added'] * 100:+7.2f}% "
                   f"{per:>16} {o['host_replay_us']:8.0f} {(pn if pn is not None else float('nan')):8.3f} "
                   f"{o['added_us_per_traced_node']:9.2f}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"argv": sys.argv, "rounds": rounds, "table": table}, indent=1,
-                                             sort_keys=True) + "\n")
     return 0
 
 

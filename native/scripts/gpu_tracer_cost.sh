@@ -1,50 +1,59 @@
 #!/bin/bash
-# Issue 15 on the GPU: this build ("after") against an older tracer ("before", HEAD at the start) in one lease:
-# both device patches built there (sm_90), fixtures with the new tracer, then bench/gpu_tracer_cost.py.
-#   bash native/scripts/gpu_tracer_cost.sh OUTDIR "CONFIGS" ROUNDS ITERS [FIX=1|single|0]
-# Needs a carried folder .devcarry/eng: lib/ (libkvconv_tracer.so of this build, libkvconv_tracer_before.so, the
-# sanitizer runtime libraries, kvconv_clocksync.fatbin), inc/ (sanitizer headers), before_src/ (the old patch.cu,
-# tracer_shared.h, kvconv_records.h); .whl carried too. BT / BW: the bench timeout and extra bench arguments.
+# Issue 15 on the GPU, one device call: fixtures re-recorded with this build's tracer ("after"), then
+# bench/gpu_tracer_cost.py: after against an older tracer ("before") in the same lease.
+#   bash native/scripts/gpu_tracer_cost.sh OUTDIR "CONFIGS" ROUNDS ITERS "FIXTURES"
+#   FIXTURES: any of single twostream twoproc enter-exit ("" for none)
+# Needs a carried folder $KVD (default .devcarry/kvh), everything built beforehand (make -C native tracer ARCHS=90:
+# g++ and nvcc need no GPU):
+#   $KVD/after/         libkvconv_tracer.so, kvconv_patch.fatbin, kvconv_clocksync.fatbin of this build + the
+#                       sanitizer runtime libraries (what native/build holds)
+#   $KVD/before/build/  libkvconv_tracer.so + its two fatbins built from the older native/ (git archive REV native)
+# and .whl carried. Every step is bounded by `timeout`; BT: the bench's bound (s), BW: extra bench arguments.
+# Writes OUTDIR/log.txt, OUTDIR/fix.tgz (the dumps), OUTDIR/cost.json (rewritten after each round).
 set -u
-O=${1:?}; CONFIGS=${2:-untraced before after floor}; ROUNDS=${3:-1}; ITERS=${4:-200}; FIX=${5:-1}
-D=.devcarry/eng; L=$PWD/$D/lib
-mkdir -p $O; exec > >(tee $O/log.txt) 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-echo "== $(date +%T) machine"; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; uptime
-git log --oneline -1 2>/dev/null
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-NV="$NVCC --fatbin --compile-as-tools-patch -gencode arch=compute_90,code=sm_90 -I$PWD/$D/inc"
-$NV -Inative/include -Inative/src -o $L/kvconv_patch.fatbin native/src/patch.cu & P1=$!
-$NV -I$D/before_src -o $L/kvconv_patch_before.fatbin $D/before_src/patch.cu & P2=$!
-wait $P1 $P2; ls -la $L/*.fatbin
-mkdir -p native/build; cp $L/* native/build/
-LIB=$PWD/native/build/libkvconv_tracer.so; WL=native/workloads/kv_decode.py; CK=native/workloads/check_dump.py
-F=/tmp/fix; mkdir -p $F
-AFTER_OK=1
-if [ "$FIX" != 0 ]; then
-  echo "== $(date +%T) single"
-  CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/single.kvdump KVCONV_VERBOSE=1 timeout -k 5 60 python3 $WL --streams 1 2>&1 | grep -v -i deprecat | grep -v "self.kv(" | tail -12
-  rc=${PIPESTATUS[0]}; echo "rc=$rc"; [ $rc = 124 ] && AFTER_OK=0
-  python3 $CK $F/single.kvdump --expect-graph 280 --expect-eager 40 | cut -c1-2500
-  python3 -m kvconv reconcile $F/single.kvdump 2>&1 | head -30
-  if [ $AFTER_OK = 1 ] && [ "$FIX" = 1 ]; then
-    echo "== $(date +%T) twostream"
-    CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/twostream.kvdump timeout -k 5 60 python3 $WL --streams 2 > $F/ts.out 2>&1; echo "rc=$?"; tail -2 $F/ts.out
-    python3 $CK $F/twostream.kvdump --expect-graph 280 --expect-eager 40 | cut -c1-1500
-    echo "== $(date +%T) twoproc"
-    CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/procA.kvdump timeout -k 5 60 python3 $WL --streams 1 > $F/A.out 2>&1 & PA=$!
-    CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/procB.kvdump timeout -k 5 60 python3 $WL --streams 2 > $F/B.out 2>&1 & PB=$!
-    wait $PA $PB
-    python3 $CK $F/procA.kvdump $F/procB.kvdump --expect-graph 280 --expect-eager 40 | cut -c1-1500
-    echo "== $(date +%T) enter-exit"
-    timeout -k 5 60 python3 -m kvconv record --no-build --events enter,exit -o $F/enter-exit.kvdump -- python3 $WL --streams 2 2>&1 | tail -4
-    python3 -m kvconv reconcile $F/enter-exit.kvdump 2>&1 | head -12
-  fi
-  tar -czf $O/fix.tgz -C $F . ; ls -la $F
-fi
-echo "== $(date +%T) bench"
-CF=$CONFIGS; [ $AFTER_OK = 0 ] && CF="untraced before floor"
-timeout -k 5 ${BT:-480} python3 bench/gpu_tracer_cost.py --rounds $ROUNDS --iters $ITERS --configs $CF ${BW:-} \
-  --before-lib $L/libkvconv_tracer_before.so --before-patch $L/kvconv_patch_before.fatbin --lib $LIB --out $O/cost.json
-echo "== $(date +%T) done"
+O=${1:?usage: gpu_tracer_cost.sh OUTDIR CONFIGS ROUNDS ITERS FIXTURES}
+CONFIGS=${2:-untraced before after floor profiler after-nopatch}; ROUNDS=${3:-2}; ITERS=${4:-200}
+FIX=${5-twostream enter-exit}; D=${KVD:-.devcarry/kvh}
+mkdir -p "$O"
+T() { timeout -k 5 "$@"; }
+
+fixture() {  # one capture with this build, checked on the spot (280 = 280 = 280 is checked again where committed)
+  local WL=native/workloads/kv_decode.py CK="T 60 python3 native/workloads/check_dump.py" F=/tmp/fix
+  echo "== $(date +%T) fixture $1"
+  case $1 in
+    single|twostream)
+      local s=1; [ "$1" = twostream ] && s=2
+      CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/$1.kvdump T 60 python3 $WL --streams $s > $F/$1.out 2>&1
+      echo "rc=$?"; grep kvconv-tracer $F/$1.out | tail -2
+      $CK $F/$1.kvdump --expect-graph 280 --expect-eager 40 | cut -c1-1500 ;;
+    twoproc)
+      CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/procA.kvdump T 60 python3 $WL --streams 1 > $F/A.out 2>&1 & local PA=$!
+      CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=$F/procB.kvdump T 60 python3 $WL --streams 2 > $F/B.out 2>&1 & local PB=$!
+      wait $PA $PB; echo "rc=$?"
+      $CK $F/procA.kvdump $F/procB.kvdump --expect-graph 280 --expect-eager 40 | cut -c1-1500 ;;
+    enter-exit)
+      T 60 python3 -m kvconv record --no-build --events enter,exit -o $F/enter-exit.kvdump -- \
+        python3 $WL --streams 2 > $F/ee.out 2>&1; echo "rc=$?"; tail -4 $F/ee.out ;;
+  esac
+  local d; for d in $(case $1 in twoproc) echo procA procB;; *) echo $1;; esac); do
+    T 60 python3 -m kvconv reconcile $F/$d.kvdump 2>&1 | grep -E "=|drops|matched" | head -6; done
+}
+
+main() {
+  T 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+  echo "== $(date +%T) machine"; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; uptime
+  mkdir -p native/build /tmp/fix; cp $D/after/* native/build/
+  local B=$PWD/$D/before/build
+  cp native/build/lib{sanitizer,Tree,Interceptor}*.so "$B"/  # the runtime beside the older library too ($ORIGIN)
+  LIB=$PWD/native/build/libkvconv_tracer.so; export KVCONV_TRACER_LIB=$LIB
+  md5sum native/build/*.fatbin native/build/libkvconv_tracer.so "$B"/*.fatbin "$B"/libkvconv_tracer.so
+  for f in $FIX; do fixture "$f"; done
+  [ -n "$FIX" ] && tar -czf "$O"/fix.tgz -C /tmp/fix $(cd /tmp/fix && ls *.kvdump) && ls -la /tmp/fix
+  echo "== $(date +%T) bench: $CONFIGS, $ROUNDS rounds, $ITERS replays"
+  T "${BT:-420}" python3 bench/gpu_tracer_cost.py --rounds "$ROUNDS" --iters "$ITERS" --configs $CONFIGS ${BW:-} \
+    --before-lib "$B"/libkvconv_tracer.so --before-patch "$B"/kvconv_patch.fatbin --lib "$LIB" --out "$O"/cost.json
+  echo "== $(date +%T) done (bench exit $?)"; uptime
+}
+
+main 2>&1 | tee "$O"/log.txt
