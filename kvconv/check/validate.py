@@ -328,11 +328,21 @@ class _Pages:
             dumpmod.release_pages(self.d._mm, off, nb)
         self.pending = []
 
-    def other(self, g: dumpmod.Group) -> None:
-        """A group checked in full (host records, canary): its pages back, its bytes counted."""
+    def records(self, g: dumpmod.Group, first: int, n: int) -> None:
+        """Records ``first .. first + n`` of a group checked (host records): their pages back, their bytes counted
+        (a group of millions of host records is hundreds of MiB: never resident all at once)."""
+        rs = int(g.header["record_size"])
+        self.bytes += n * rs
+        if self.release:
+            dumpmod.release_pages(self.d._mm, g.payload_offset + first * rs, n * rs)
+
+    def other(self, g: dumpmod.Group, *, counted: bool = False) -> None:
+        """A group checked in full (host records, canary): its pages back, its bytes counted (``counted``: its
+        records went through :meth:`records` already)."""
         n = len(g.records) * int(g.header["record_size"]) if g.kind and g.kind.layout else 0
-        self.bytes += n
-        if self.release and n:
+        if not counted:
+            self.bytes += n
+        if self.release and n and not counted:
             dumpmod.release_pages(self.d._mm, g.payload_offset, n)
         if self.progress is not None:
             self.progress(min(self.bytes, self.d.size), self.d.size)
@@ -413,6 +423,9 @@ class _TimerOrder:
               count=len(big))
 
 
+HOST_CHUNK = 1 << 16  # host records checked (and their pages given back) at a time: 6 MiB
+
+
 def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] | None,
                          pages: "_Pages | None" = None) -> None:
     fmask = ~np.uint32(_bits_mask("launch_flags"))
@@ -420,7 +433,7 @@ def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] 
     known = _known(kernel_slots)
     for kind in ("graph_node", "eager_launch"):
         for g in d.groups_of(kind):
-            for base, r in g.chunks():
+            for base, r in g.chunks(HOST_CHUNK):
                 for dim in ("grid_x", "grid_y", "grid_z", "block_dim_x", "block_dim_y", "block_dim_z"):
                     c.mask("error", "bad-range", f"{dim} is 0", g, r[dim] == 0, dim, base)
                 c.mask("error", "bad-range", "grid_y/grid_z above 65535", g, (r["grid_y"] > 65535) |
@@ -444,8 +457,10 @@ def _check_host_launches(d: dumpmod.Dump, c: _Collector, kernel_slots: set[int] 
                 if kernel_slots is not None:
                     c.mask("error", "unknown-kernel-slot", "kernel slot is missing from the kernel table", g,
                            ~_lookup(known, r["kernel_slot"])[1], "kernel_slot", base, r["kernel_slot"])
+                if pages is not None:
+                    pages.records(g, base, len(r))
             if pages is not None:
-                pages.other(g)
+                pages.other(g, counted=True)
 
 
 def _check_kernels(d: dumpmod.Dump, c: _Collector) -> dict[int, set[int]]:
@@ -524,7 +539,8 @@ def _grid_tables(d: dumpmod.Dump, ctx: int, table=None):
         if not table.n:
             return None
         h = {"grid_id": table.grid_id, "kernel_slot": table.kernel_slot,
-             **{f: a.astype(np.uint32) for f, a in (("grid_x", table.gx), ("grid_y", table.gy), ("grid_z", table.gz))}}
+             **{f: a.astype(np.uint32, copy=False)
+                for f, a in (("grid_x", table.gx), ("grid_y", table.gy), ("grid_z", table.gz))}}
     else:
         hosts = [g.records for k in ("graph_node", "eager_launch") for g in d.groups_of(k, context_id=ctx)]
         hosts = [r for r in hosts if len(r)]

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvconv.format.dump import release_heap
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
 from kvconv.check.reconcile._notes import Notes
@@ -234,6 +235,7 @@ class Reconciler:
         if self.options.join == "ordered":
             s.stop()  # the ordered join needs the events in memory: the pass only counts them
         self._streams[ctx] = s
+        release_heap()  # the table's and the join's build temporaries
         return s
 
     def close(self, ctx: int) -> None:
@@ -242,11 +244,14 @@ class Reconciler:
         s = self._streams.pop(ctx, None)
         if s is not None:
             s.xj = None  # the pass is over: the join's lookup tables are not needed by the report
+            if s.dur is not None:
+                s.dur.xj = None  # (the durations looked launches up with it during the pass only)
         out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables,
                                 launches=self.launches)
         if s is not None:
             s.release()
         self._done[ctx] = (out, notes.findings(), sum(notes.mismatches.values()))
+        release_heap()  # this context's state: gone from the resident set before the next context's is built
 
     def result(self) -> ReconcileResult:
         findings: list[Finding] = []

@@ -24,9 +24,14 @@ class Counts:
     distinct: np.ndarray  # per row: distinct in-grid blocks among them
     outside: np.ndarray
     dupblk: np.ndarray
-    first_ns: np.ndarray  # earliest matched entry (0 if none)
     missing: np.ndarray  # per row (0 inside ambiguous runs: counted per run)
     unattributed: int  # events counted neither in a launch nor in an ambiguous run
+    tally: Tally  # the join's per-launch reductions these counts come from
+
+    @property
+    def first_ns(self) -> np.ndarray:
+        """Earliest matched entry per row (0 if none), built when asked."""
+        return self.tally.first_ns
 
 
 def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
@@ -35,11 +40,11 @@ def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drop
     (:class:`kvconv.check.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered join's regions
     name their first event), or None."""
     recorded, distinct, outside, dupblk = tally.recorded, tally.distinct, tally.outside, tally.dupblk
-    exp = np.where(t.dup | t.upload, 0, t.grid)
+    exp = _Expected(t)
     in_region = o.in_region if o is not None else np.zeros(t.n, bool)
-    missing = exp - distinct
+    missing = t.grid - distinct  # in place from here: one array per host row, no expected-blocks copy
     np.maximum(missing, 0, out=missing)
-    missing[t.dup] = 0
+    missing[t.dup | t.upload] = 0
     if o is not None:
         missing[in_region] = 0
     late = o.coverage_late if o is not None else 0
@@ -60,8 +65,19 @@ def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drop
     regions = o.regions if o is not None else []
     _region_findings(t, regions, ev, drops, names, notes)
     in_runs = sum(r["unattributed_events"] for r in regions)
-    return Counts(recorded=recorded, distinct=distinct, outside=outside, dupblk=dupblk, first_ns=tally.first_ns,
+    return Counts(recorded=recorded, distinct=distinct, outside=outside, dupblk=dupblk, tally=tally,
                   missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
+
+
+class _Expected:
+    """Blocks a row's grid predicts, 0 for duplicates and graph uploads (they are not counted), row by row."""
+
+    def __init__(self, t: LaunchTable) -> None:
+        self.t = t
+
+    def __getitem__(self, h) -> int:
+        t = self.t
+        return 0 if (t.dup[h] or t.upload[h]) else int(t.grid[h])
 
 
 def _extra_findings(t, tally: Tally, exp, o, names, notes) -> None:

@@ -44,11 +44,12 @@ class Match:
 
     def fill_from_host(self, t: LaunchTable) -> None:
         m = self.host >= 0
-        h = self.host[m]
-        self.kind[m] = t.kind[h]
-        self.replay[m] = t.replay[h]
-        self.exec[m] = t.graph_exec[h]
-        self.ordinal[m] = t.node_ordinal[h]
+        sel = slice(None) if bool(m.all()) else np.flatnonzero(m)  # every event matched: whole columns, no mask
+        h = self.host[sel]
+        self.kind[sel] = t.kind[h]
+        self.replay[sel] = t.replay[h]
+        self.exec[sel] = t.graph_exec[h]
+        self.ordinal[sel] = t.node_ordinal[h]
 
     def clear(self, sel) -> None:
         self.host[sel], self.kind[sel], self.replay[sel], self.join[sel] = -1, 0, 0, 0
@@ -69,8 +70,7 @@ class ExactJoin:
         # the table's own gridid and tag columns check a hit (tagged records: their tag is the key's)
         self.gid, self.tag = t.grid_id, t.tag
         # 1) (gridid, tag) of tagged records, the first in report order winning
-        r = np.flatnonzero(cand & has_tag)
-        r = r[np.argsort(t.rank[r], kind="stable")]
+        r = t.in_order(cand & has_tag)  # report order, without sorting by rank
         k = _gid_key(t.grid_id[r], t.tag[r])
         o = np.argsort(k, kind="stable")
         self.k1, self.r1 = k[o], r[o].astype(rows)

@@ -37,8 +37,16 @@ def host_graphs(t: LaunchTable, names: dict, notes: Notes) -> list[GraphExec]:
     g = np.flatnonzero((t.kind == GRAPH_NODE) & ~t.upload)
     if not len(g):
         return []
-    order = g[np.lexsort((t.index[g], t.launch_id[g], t.graph_exec[g]))]
+    g = g.astype(np.int32 if t.n < (1 << 31) else np.int64)  # rows kept per graph exec: half the bytes
+    # (graph exec, replay, record) order; graph-node rows are in record order. Replays normally grow in record
+    # order within a graph exec: then a stable sort by graph exec is the whole sort (less memory than a lexsort)
+    order = g[np.argsort(t.graph_exec[g], kind="stable")]
     ex = t.graph_exec[order]
+    rep = t.launch_id[order]
+    if not bool(np.all((rep[1:] >= rep[:-1]) | (ex[1:] != ex[:-1]))):
+        order = g[np.lexsort((g, t.launch_id[g], t.graph_exec[g]))]
+        ex = t.graph_exec[order]
+    del rep
     brk = np.flatnonzero(ex[1:] != ex[:-1]) + 1
     return [_one_graph(t, names, notes, idx) for idx in np.split(order, brk)]
 
@@ -114,7 +122,6 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
         return []
     cnt, tmin, tmax = tally.recorded, tally.tmin, tally.tmax
     loose = sorted(tally.loose.items())
-    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
     out = []
     for g in graphs:
         rows = g.rows[cnt[g.rows] > 0]
@@ -123,7 +130,8 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
         live = g.rows[~t.dup[g.rows]]
         lrep = np.array([r for r, _, _ in lo], np.uint64)
         lord = np.array([o for _, o, _ in lo], np.int64)
-        dev = {"expected_executions": int(len(live)), "expected_blocks": int(exp_eff[live].sum()),
+        # a graph's rows hold no upload and live none of the duplicates: their grids are the expected blocks
+        dev = {"expected_executions": int(len(live)), "expected_blocks": int(t.grid[live].sum()),
                "device_events": int(cnt[rows].sum()) + n_lo, "matched_events": int(cnt[rows].sum()),
                "device_replays": [int(r) for r in np.unique(np.r_[t.launch_id[rows], lrep])],
                "node_attribution": bool((lord >= 0).all())}
@@ -141,8 +149,12 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
 def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, ordn: np.ndarray) -> dict:
     """Per replay span and gap, per node start offsets, from items (a launch or an event) with their first and
     last entry, replay and node ordinal (-1: none)."""
-    ur, rinv = np.unique(rep, return_inverse=True)
-    rinv = rinv.reshape(-1)
+    if len(rep) < 2 or bool(np.all(rep[1:] >= rep[:-1])):  # a graph's launches come in replay order: no sort
+        new = np.r_[True, rep[1:] != rep[:-1]] if len(rep) else np.zeros(0, bool)
+        ur, rinv = rep[new], np.cumsum(new) - 1
+    else:
+        ur, rinv = np.unique(rep, return_inverse=True)
+        rinv = rinv.reshape(-1)
     R, N = len(ur), len(g.nodes)
     rfirst, rlast = np.full(R, _I64.max), np.full(R, _I64.min)
     np.minimum.at(rfirst, rinv, t)
@@ -152,7 +164,12 @@ def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, or
     node_first = None
     if known.any():
         nf = np.full(R * N, _I64.max)
-        np.minimum.at(nf, rinv[known].astype(np.int64) * N + ordn[known], t[known])
+        every = bool(known.all())
+        key = (rinv if every else rinv[known]).astype(np.int64)
+        key *= N
+        key += ordn if every else ordn[known]
+        np.minimum.at(nf, key, t if every else t[known])
+        del key
         node_first = nf.reshape(R, N)
         has = node_first != _I64.max
         nf_min = np.where(has, node_first, _I64.max).min(axis=1)

@@ -26,8 +26,8 @@ _LF = layout.ENUMS["launch_flags"]
 @dataclass(frozen=True)
 class LaunchTable:
     n_gn: int  # graph-node rows come first
-    kind: np.ndarray  # u2: GRAPH_NODE or EAGER
-    index: np.ndarray  # i8: index into d.records(kind, context_id=ctx)
+    kind: np.ndarray  # u1: GRAPH_NODE or EAGER
+    index: np.ndarray  # i4 (i8 beyond 2^31 rows): index into d.records(kind, context_id=ctx)
     host_ns: np.ndarray
     graph_exec: np.ndarray
     launch_id: np.ndarray
@@ -35,9 +35,9 @@ class LaunchTable:
     grid_id: np.ndarray
     stream: np.ndarray
     kernel_slot: np.ndarray
-    flags: np.ndarray
+    flags: np.ndarray  # u1: the launch_flags bits (all of them lie in the low byte)
     tag: np.ndarray
-    gx: np.ndarray  # u8 grid dimensions
+    gx: np.ndarray  # u4 grid dimensions, as recorded (cast to u8 before multiplying them)
     gy: np.ndarray
     gz: np.ndarray
     grid: np.ndarray  # i8: blocks the grid predicts
@@ -80,11 +80,17 @@ class LaunchTable:
     @classmethod
     def load(cls, d, ctx: int) -> "LaunchTable":
         c, n_gn, n_el = _columns(d, ctx)
-        kind = np.concatenate([np.full(n_gn, GRAPH_NODE, np.uint16), np.full(n_el, EAGER, np.uint16)])
-        index = np.concatenate([np.arange(n_gn), np.arange(n_el)]).astype(np.int64)
-        gx, gy, gz = (c.pop(f).astype(np.uint64) for f in ("grid_x", "grid_y", "grid_z"))
+        # narrow columns: the host state is the one that grows with the dump (issue 13: 10 GiB in <= 512 MiB)
+        kind = np.empty(n_gn + n_el, np.uint8)
+        kind[:n_gn], kind[n_gn:] = GRAPH_NODE, EAGER
+        index = np.empty(n_gn + n_el, np.int32 if n_gn + n_el < (1 << 31) else np.int64)
+        index[:n_gn], index[n_gn:] = np.arange(n_gn), np.arange(n_el)
+        gx, gy, gz = (c.pop(f) for f in ("grid_x", "grid_y", "grid_z"))
+        grid = gx.astype(np.uint64)
         with np.errstate(over="ignore"):
-            grid = (gx * gy * gz).astype(np.int64)
+            grid *= gy
+            grid *= gz
+        grid = grid.view(np.int64)  # a product beyond 2^63 (damage) reads negative: no blocks expected
         upload = (kind == GRAPH_NODE) & ((c["flags"] & _LF["graph_upload"]) != 0)
         ordn = np.full(n_gn + n_el, -1, np.int32)
         ordn[:n_gn] = node_ordinals({f: c[f][:n_gn] for f in ("flags", "graph_exec", "launch_id", "node")})
@@ -97,6 +103,8 @@ _FIELDS = ("host_ns", "graph_exec", "launch_id", "node", "grid_id", "stream", "k
            "grid_x", "grid_y", "grid_z")
 _HOST_DTYPE = layout.DTYPES["host_launch"]
 _CHUNK = 1 << 16  # records copied into the columns at a time
+_NARROW = {"flags": np.uint8}  # every launch_flags bit lies in the low byte (validate reports any other bit)
+assert max(layout.ENUMS["launch_flags"].values()) < 256
 
 
 def _columns(d, ctx: int) -> tuple[dict, int, int]:
@@ -109,7 +117,7 @@ def _columns(d, ctx: int) -> tuple[dict, int, int]:
     gn = d.groups_of("graph_node", context_id=ctx)
     el = d.groups_of("eager_launch", context_id=ctx)
     n_gn, n_el = sum(len(g.records) for g in gn), sum(len(g.records) for g in el)
-    cols = {f: np.empty(n_gn + n_el, _HOST_DTYPE[f]) for f in _FIELDS}
+    cols = {f: np.empty(n_gn + n_el, _NARROW.get(f, _HOST_DTYPE[f])) for f in _FIELDS}
     release = d.size > RELEASE_BYTES
     at = 0
     for g in list(gn) + list(el):

@@ -197,10 +197,11 @@ def _locate_surplus(ev: Events, t, order, C, surplus: int, rounds: int = 64):
         idx = np.flatnonzero(~found & (p < E))
         la = np.minimum(np.searchsorted(C, p[idx], side="right"), len(order) - 1)
         h = order[la]
-        x, y, z = ev.x[idx], ev.y[idx], ev.z[idx]
-        mis = (ev.slot[idx] != t.kernel_slot[h]) | (x >= t.gx[h]) | (y >= t.gy[h]) | (z >= t.gz[h])
-        with np.errstate(over="ignore"):
-            lin = x + t.gx[h] * (y + t.gy[h] * z)
+        x, y, z = (a[idx].astype(np.uint64) for a in (ev.x, ev.y, ev.z))
+        gx, gy, gz = t.gx[h], t.gy[h], t.gz[h]
+        mis = (ev.slot[idx] != t.kernel_slot[h]) | (x >= gx) | (y >= gy) | (z >= gz)
+        with np.errstate(over="ignore"):  # u8: the table's grid dimensions are u4, their product is not
+            lin = x + gx.astype(np.uint64) * (y + gy.astype(np.uint64) * z)
         o = np.lexsort((np.arange(len(idx)), lin, la))
         rep = np.r_[False, (la[o][1:] == la[o][:-1]) & (lin[o][1:] == lin[o][:-1])]
         dup = np.zeros(len(idx), bool)

@@ -122,12 +122,13 @@ def agreement_counts(t: LaunchTable, tally, counts, drops, extra_replay_events: 
     """What the verdict compares: graph-node records, expected executions and blocks, the graph-node device events
     (those of a replay the host never recorded included), drops; eager blocks and unattributed events beside."""
     graph = (t.kind == GRAPH_NODE) & ~t.upload
-    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
+    counted = graph & ~t.dup  # (sums with where=: no copy of the grid column)
     return {"lost_records": drops.device_lost + drops.host_lost, "graph_node_records": int(graph.sum()),
-            "expected_executions": int((graph & ~t.dup).sum()), "expected_blocks": int(exp_eff[graph].sum()),
+            "expected_executions": int(counted.sum()), "expected_blocks": int(np.sum(t.grid, where=counted)),
             "device_events": tally.graph_events + extra_replay_events,
             "drops": drops.device + drops.host - drops.device_lost - drops.host_lost,
-            "eager_expected_blocks": int(exp_eff[t.kind == EAGER].sum()), "eager_events": tally.eager_events,
+            "eager_expected_blocks": int(np.sum(t.grid, where=(t.kind == EAGER) & ~t.dup & ~t.upload)),
+            "eager_events": tally.eager_events,
             "unattributed": int(counts.unattributed - extra_replay_events),
             "device_drops": drops.device - drops.device_lost, "host_drops": drops.host - drops.host_lost}
 
@@ -139,14 +140,15 @@ def _launch_ref(t, names, hh, **more) -> dict:
 
 def blocks_section(t: LaunchTable, counts, o, names: dict, n_ev: int) -> dict:
     regions = o.regions if o is not None else []
-    exp_eff = np.where(t.dup | t.upload, 0, t.grid)
+    counted = ~(t.dup | t.upload)
     extra = counts.outside + counts.dupblk
     first_missing = None
     for hh in t.in_order(counts.missing > 0)[:1]:
         first_missing = {"host_kind": kind_name(t, hh), "host_index": int(t.index[hh]),
-                         "expected_blocks": int(exp_eff[hh]), "recorded_blocks": int(counts.distinct[hh]),
+                         "expected_blocks": int(t.grid[hh]) if counted[hh] else 0,
+                         "recorded_blocks": int(counts.distinct[hh]),
                          "missing_blocks": int(counts.missing[hh]), "description": launch_name(t, names, hh)}
-    return {"expected": int(exp_eff.sum()), "recorded": int(n_ev),
+    return {"expected": int(np.sum(t.grid, where=counted)), "recorded": int(n_ev),
             "missing": int(counts.missing.sum()) + sum(max(r["expected_blocks"] - r["device_events"], 0)
                                                        for r in regions),
             "extra": int(extra.sum()) + sum(max(r["device_events"] - r["expected_blocks"], 0) for r in regions)

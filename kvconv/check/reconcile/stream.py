@@ -29,7 +29,7 @@ _GID, _TAG = np.uint8(_EVF["has_gridid"]), np.uint8(_EVF["has_tag"])
 class ContextStream:
     def __init__(self, t: LaunchTable, xj: ExactJoin | None, *, ctx: int, n_events: int, tables: bool) -> None:
         self.t, self.xj = t, xj
-        self.b = TallyBuilder(t)
+        self.b = TallyBuilder(t, max_events=n_events)
         self.n_all = self.n = self.lacking = 0
         self.first_idx = self.last_idx = -1
         self.last_seq: int | None = None
@@ -91,12 +91,13 @@ class ContextStream:
         if self.matches is not None:
             self._fill(idx, rows, lens)
         if bool(ok.all()):
-            self.b.add_matched(np.repeat(rows, lens), x, y, z, tt, idx)
+            self.b.add_runs(rows, starts, len(sub), x, y, z, tt, idx)
             return
         sel = np.repeat(ok, lens)
         if ok.any():
             s = np.flatnonzero(sel)
-            self.b.add_matched(np.repeat(rows[ok], lens[ok]), x[s], y[s], z[s], tt[s], idx[s])
+            lk = lens[ok]
+            self.b.add_runs(rows[ok], np.r_[0, np.cumsum(lk)[:-1]], len(s), x[s], y[s], z[s], tt[s], idx[s])
         self.b.add_unmatched(int(lens[~ok].sum()))
         un = np.flatnonzero(~sel & hg)
         if len(un) and self.xj is not None:

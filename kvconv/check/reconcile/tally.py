@@ -32,7 +32,7 @@ class Tally:
     distinct: np.ndarray  # per row: distinct in-grid blocks among them
     outside: np.ndarray
     dupblk: np.ndarray
-    first_ns: np.ndarray  # u8 earliest matched entry (0 if none)
+    tmin_u: np.ndarray | None  # u8 earliest matched entry where one lies at or beyond 2^63 ns (else None: tmin's)
     tmin: np.ndarray  # i8 earliest / latest matched entry as signed ns (the device timing's domain)
     tmax: np.ndarray
     first_out: dict  # row -> (device index, x, y, z) of its first event outside the grid
@@ -45,15 +45,25 @@ class Tally:
     eager_events: int
     loose: dict  # (exec, replay, ordinal) -> [events, tmin, tmax]: graph-node events not matched to a row
 
+    @property
+    def first_ns(self) -> np.ndarray:
+        """u8 earliest matched entry per row (0 if none), built when asked (the launches table): not kept."""
+        tmin_u = self.tmin_u if self.tmin_u is not None else self.tmin.view(np.uint64)
+        return np.where(self.recorded > 0, tmin_u, 0).astype(np.uint64)
+
 
 class TallyBuilder:
-    def __init__(self, t: LaunchTable) -> None:
+    def __init__(self, t: LaunchTable, *, max_events: int | None = None) -> None:
+        """``max_events``: the events that can be matched (a context's device events): counts per row as i4 below
+        2^31 of them."""
         nH = t.n
         self.t = t
-        # per row: 24 bytes while the events go by. Events outside the grid and repeated blocks are rare: their
-        # counts are allocated at the first one (those inside the grid are the recorded less the outside ones);
-        # the unsigned earliest entry is the signed one until an entry at or beyond 2^63 ns comes (then kept apart)
-        self.recorded = np.zeros(nH, np.int64)
+        # per row: 20 bytes while the events go by (+4 of bitmap base). Events outside the grid and repeated blocks
+        # are rare: their counts are allocated at the first one (those inside the grid are the recorded less the
+        # outside ones); the unsigned earliest entry is the signed one until an entry at or beyond 2^63 ns comes
+        # (then kept apart)
+        self.count_dtype = np.int32 if max_events is not None and max_events < (1 << 31) else np.int64
+        self.recorded = np.zeros(nH, self.count_dtype)
         self.outside: np.ndarray | None = None
         self.repeats: np.ndarray | None = None
         self.tmin_u: np.ndarray | None = None
@@ -63,15 +73,20 @@ class TallyBuilder:
         self.first_dup: dict = {}
         self.n = self.matched = self.replay_only = self.unmatched = self.graph = self.eager = 0
         self.loose: dict = {}
-        grid = np.where(t.grid > 0, t.grid, 0)
-        true = t.gx.astype(np.float64) * t.gy.astype(np.float64) * t.gz.astype(np.float64)
+        grid = np.maximum(t.grid, 0)
+        true = t.gx.astype(np.float64)
+        true *= t.gy
+        true *= t.gz
         # keys are the launch's first block slot plus the linear blockIdx: exact only where no grid overflowed
         total = float(grid.sum(dtype=np.float64)) if bool(np.all(true == grid)) else float("inf")
+        del true
         self.base = None
         self.bits = None
         self.parts: list | None = None  # (h, lin, dev, x, y, z) of in-grid events when there is no bitmap
         if total < BITMAP_MAX_BITS:
-            self.base = np.concatenate([[0], np.cumsum(grid)[:-1]]).astype(np.int64)
+            self.base = np.cumsum(grid)
+            self.base -= grid  # each launch's first block slot: below 2^31 (BITMAP_MAX_BITS), so i4
+            self.base = self.base.astype(np.int32)
             self.bits = np.zeros(int(total) // 64 + 2, np.uint64)
             self.nbits = int(total)
         else:
@@ -84,22 +99,89 @@ class TallyBuilder:
         n = len(h)
         if not n:
             return
+        st = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]  # runs of one launch
+        self.add_runs(h[st], st, n, x, y, z, tt, dev)
+
+    def add_runs(self, rows, starts, n: int, x, y, z, tt, dev) -> None:
+        """Events (sequence order) in runs: run ``i`` (from ``starts[i]``) matched to launch-table row ``rows[i]``.
+        The per-event work is a few passes: 1-D grids whose blocks are all inside and all new (the usual case) need
+        no sort; anything else goes the way of :meth:`add_matched`."""
+        if not n:
+            return
+        self._per_run(rows, starts, n, tt)
+        t = self.t
+        if self.bits is not None and not y.any() and not z.any():
+            xmax = np.maximum.reduceat(x, starts)
+            if bool(np.all((xmax < t.gx[rows]) & (t.gy[rows] > 0) & (t.gz[rows] > 0))):
+                if self._bitmap_runs(rows, starts, n, x):
+                    return
+                h = np.repeat(rows, np.diff(np.r_[starts, n]))
+                key = self.base[h] + x.astype(np.int64)
+                self._repeat_events(h, key, dev, x.astype(np.uint64), y.astype(np.uint64), z.astype(np.uint64))
+                self._set_bits(key)
+                return
+        self._blocks(np.repeat(rows, np.diff(np.r_[starts, n])), x, y, z, dev)
+
+    def _bitmap_runs(self, rows, starts, n: int, x) -> bool:
+        """Set the bits of in-grid blocks of 1-D grids; False (nothing set) when one repeats a block seen before
+        or in this chunk, or when the chunk's keys spread too far for a dense pass."""
+        b0 = self.base[rows]
+        lo = int(b0.min()) & ~63
+        span = int((b0 + np.maximum(self.t.grid[rows], 0)).max()) - lo
+        lens = np.diff(np.r_[starts, n])
+        if span > 16 * n + (1 << 16):
+            key = np.repeat(b0.astype(np.int64), lens)
+            key += x
+            return self._bitmap_sorted(key)
+        key = np.repeat((b0 - lo).astype(np.int64), lens)
+        key += x
+        present = np.zeros(-(-span // 64) * 64, bool)
+        present[key] = True
+        words = np.packbits(present, bitorder="little").view("<u8")
+        cur = self.bits[lo >> 6 : (lo >> 6) + len(words)]
+        if int(np.count_nonzero(present)) < n or bool((cur & words).any()):
+            return False
+        cur |= words
+        return True
+
+    def _bitmap_sorted(self, key) -> bool:
+        srt = key if (len(key) < 2 or bool(np.all(key[1:] > key[:-1]))) else np.sort(key)
+        if len(srt) > 1 and not bool(np.all(srt[1:] != srt[:-1])):
+            return False
+        w, b = srt >> 6, np.left_shift(np.uint64(1), (srt & 63).astype(np.uint64))
+        if bool(((self.bits[w] & b) != 0).any()):
+            return False
+        self._set_bits(srt)
+        return True
+
+    def _set_bits(self, key) -> None:
+        srt = key if (len(key) < 2 or bool(np.all(key[1:] >= key[:-1]))) else np.sort(key)
+        w, b = srt >> 6, np.left_shift(np.uint64(1), (srt & 63).astype(np.uint64))
+        ws = np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1] if len(w) else np.zeros(0, np.int64)
+        if len(ws):
+            self.bits[w[ws]] |= np.bitwise_or.reduceat(b, ws)
+
+    def _per_run(self, hr, st, n: int, tt) -> None:
+        """Counts and earliest / latest entry per launch, from the runs (``hr``: the run's row, ``st``: its start)."""
         t = self.t
         self.matched += n
-        st = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]  # runs of one launch
-        hr = h[st]
         ts = tt.view(np.int64) if tt.dtype == np.uint64 else tt.astype(np.int64)
-        if self.tmin_u is None and (tt.dtype != np.uint64 or bool((ts < 0).any())):
+        lo = np.minimum.reduceat(ts, st)
+        if self.tmin_u is None and (tt.dtype != np.uint64 or bool((lo < 0).any())):
             self.tmin_u = np.where(self.recorded > 0, self.tmin.view(np.uint64), _U64_MAX).astype(np.uint64)
-        np.add.at(self.recorded, hr, np.diff(np.r_[st, n]))
+        lens = np.diff(np.r_[st, n])
+        np.add.at(self.recorded, hr, lens)
         if self.tmin_u is not None:
             np.minimum.at(self.tmin_u, hr, np.minimum.reduceat(tt, st))
-        np.minimum.at(self.tmin, hr, np.minimum.reduceat(ts, st))
+        np.minimum.at(self.tmin, hr, lo)
         np.maximum.at(self.tmax, hr, np.maximum.reduceat(ts, st))
         kh = t.kind[hr]
-        lens = np.diff(np.r_[st, n])
         self.graph += int(lens[kh == GRAPH_NODE].sum())
         self.eager += int(lens[kh == EAGER].sum())
+
+    def _blocks(self, h, x, y, z, dev) -> None:
+        """In-grid check and repeated blocks, per event (any grid shape)."""
+        t = self.t
         gx, gy, gz = t.gx[h], t.gy[h], t.gz[h]
         x, y, z = x.astype(np.uint64), y.astype(np.uint64), z.astype(np.uint64)
         inside = (x < gx) & (y < gy) & (z < gz)
@@ -108,7 +190,7 @@ class TallyBuilder:
         if not inside.all():
             out = np.flatnonzero(~inside)
             if self.outside is None:
-                self.outside = np.zeros(len(self.recorded), np.int64)
+                self.outside = np.zeros(len(self.recorded), self.count_dtype)
             np.add.at(self.outside, h[out], 1)
             self._firsts(self.first_out, h[out], out, dev, x, y, z)
             h, lin, dev, x, y, z = h[inside], lin[inside], dev[inside], x[inside], y[inside], z[inside]
@@ -143,7 +225,7 @@ class TallyBuilder:
         if not len(d):
             return
         if self.repeats is None:
-            self.repeats = np.zeros(len(self.recorded), np.int64)
+            self.repeats = np.zeros(len(self.recorded), self.count_dtype)
         np.add.at(self.repeats, h[d], 1)
         self._firsts(self.first_dup, h[d], d, dev, x, y, z)
 
@@ -209,14 +291,13 @@ class TallyBuilder:
         self.base = self.bits = None  # the repeat bitmap is done with: its memory goes before the report stages
         rec = self.recorded
         # never-written zeros cost no memory: the counts of launches without events outside the grid or repeats
-        outside = self.outside if self.outside is not None else np.zeros(len(rec), np.int64)
-        repeats = self.repeats if self.repeats is not None else np.zeros(len(rec), np.int64)
+        outside = self.outside if self.outside is not None else np.zeros(len(rec), rec.dtype)
+        repeats = self.repeats if self.repeats is not None else np.zeros(len(rec), rec.dtype)
         distinct = rec - outside
         distinct -= repeats
-        tmin_u = self.tmin_u if self.tmin_u is not None else self.tmin.view(np.uint64)
-        dupblk = repeats.copy() if self.repeats is not None else np.zeros(len(rec), np.int64)
+        dupblk = repeats  # distinct was computed apart: the repeat counts themselves, not a copy
         return Tally(recorded=rec, distinct=distinct, outside=outside, dupblk=dupblk,
-                     first_ns=np.where(rec > 0, tmin_u, 0).astype(np.uint64), tmin=self.tmin, tmax=self.tmax,
+                     tmin_u=self.tmin_u, tmin=self.tmin, tmax=self.tmax,
                      first_out=self.first_out, first_dup=self.first_dup, n=n_block_enter, matched=self.matched,
                      replay_only=self.replay_only, unmatched=self.unmatched, graph_events=self.graph,
                      eager_events=self.eager, loose=self.loose)
@@ -233,7 +314,7 @@ class TallyBuilder:
 
 def tally_match(t: LaunchTable, ev, m) -> Tally:
     """The tally of a whole in-memory join (the ordered join; the exact join of events out of sequence order)."""
-    b = TallyBuilder(t)
+    b = TallyBuilder(t, max_events=ev.n)
     hm = m.host >= 0
     if hm.all():
         b.add_matched(m.host, ev.x, ev.y, ev.z, ev.t, ev.idx)
