@@ -169,8 +169,11 @@ class TallyBuilder:
         lo = np.minimum.reduceat(ts, st)
         if self.tmin_u is None and (tt.dtype != np.uint64 or bool((lo < 0).any())):
             self.tmin_u = np.where(self.recorded > 0, self.tmin.view(np.uint64), _U64_MAX).astype(np.uint64)
-        lens = np.diff(np.r_[st, n])
-        np.add.at(self.recorded, hr, lens)
+        lens = np.diff(np.r_[st, n]).astype(self.count_dtype)  # ufunc.at casting is ~15x slower
+        if len(hr) < 2 or bool(np.all(hr[1:] > hr[:-1])):  # each launch once (in row order): a plain gather
+            self.recorded[hr] += lens
+        else:
+            np.add.at(self.recorded, hr, lens)
         if self.tmin_u is not None:
             np.minimum.at(self.tmin_u, hr, np.minimum.reduceat(tt, st))
         np.minimum.at(self.tmin, hr, lo)
