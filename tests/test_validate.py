@@ -158,14 +158,8 @@ def test_timer_jump_back_beyond_the_race_warns(tmp_path):
     assert "records)" not in line  # one step beyond the tolerance, the 32 ns one is not counted
 
 
-_TIMER_AFTER_LOOKUP = pytest.mark.xfail(strict=True, reason="tracer bug (issue 15, docs/TRACER.md): the patch reads "
-                                        "%globaltimer after the node-table lookup, so enter/exit events of different "
-                                        "SMs come out inverted by up to 384 ns; re-record after the fix")
 
-
-@pytest.mark.parametrize("dump_path", [pytest.param(p, marks=_TIMER_AFTER_LOOKUP)
-                                       if p.parent.name == "h200-enter-exit-learned" else p
-                                       for p in sorted(FIXTURES.glob("h200-*/*.kvdump"))], ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("dump_path", sorted(FIXTURES.glob("h200-*/*.kvdump")), ids=lambda p: p.parent.name)
 def test_clean_h200_captures_validate_without_warnings(dump_path):
     r = run_cli("validate", "--json", dump_path)
     assert r.returncode == 0, r.stderr
