@@ -213,7 +213,7 @@ One track group (Perfetto) or process (Chrome `pid`) per context of every dump, 
 | `graph exec 0x…` › `nodes` | `graph exec 0x… · nodes` | device | one slice per node execution in a replay, first to last block entry (`args.replay`, `args.blocks`); extra lanes `nodes (2)`... only where executions overlap |
 | `graph exec 0x…` › `host node launches` | `graph exec 0x… · host node launches` | host | one zero-length slice per graph_node record (replay, node, grid_id, blocks_predicted, blocks_recorded) |
 | `eager launches · stream 0x…` | `eager launches · stream 0x…` | host | one zero-length slice per eager_launch record (grid_id, blocks_predicted, blocks_recorded) |
-| `device blocks` › `SM <n>` | `SM <n>` | device | per block event an instant (Chrome: `dur` 0, `cat` block), named after its kernel (Chrome: `args.block`, `args.seq`); where the dump records block exits (`--events enter,exit`) a block is one slice from its entry to its exit (Chrome: `X` with its `dur`), on extra lanes `SM <n> (<n>)` where blocks overlap on the SM; an exit with no entry stays an instant |
+| `device blocks` › `SM <n>` | `SM <n>` | device | per block event an instant (Chrome: `dur` 0, `cat` block), named after its kernel (Chrome: `args.block`, `args.seq`); where the dump records block exits (`--events enter,exit`) a block is one slice from its entry to its exit (Chrome: `X` with its `dur`), on extra lanes `SM <n> (<n>)` where blocks overlap on the SM; an exit with no entry stays an instant; with write recording (`kvconv record --writes`) the events of a block that wrote carry debug annotations (Chrome: args) `cache`, `page`, `offset`, `slot`, `request`, `slot_owner`, `write`, `step`, `writes` (the `slot_write` table's join, its lowest slot), and a block that wrote outside every cache or to an unmapped slot is named `<kernel> · write outside every cache` / `· write to an unmapped slot` |
 | `graph exec 0x…` › `kernels`, `kernels · stream 0x…` (lanes `kernels (2)`...) | `graph exec 0x… · kernels`, lanes `graph exec 0x… · kernels (<n>)`, `kernels · stream 0x…`: Chrome `cat` kernel events | device | per launch or node execution its kernel, first block entry to last block exit (as Nsight Systems' CUDA HW row; Perfetto: only where exits are recorded). Chrome writes them as torch.profiler (Kineto) does (`args.device`, `stream`, `correlation` = grid id, `grid`, `block`; `args.span` "entries" where no exits bound them) and the trace header carries `distributedInfo.rank` (the dump's `metadata.rank`, else its GPU), so Holistic Trace Analysis reads a folder of traces, one per rank (run it with `HTA_DISABLE_NS_ROUNDING=1`: kvconv times are ns, which HTA otherwise rounds to whole us per event) |
 | `block events per ms` | counter `block events per ms` | device | block events in each millisecond |
 | `dropped device events` | counter `dropped device events` | device | the device drop count (0 at the start, the total at the end) |
@@ -288,8 +288,20 @@ COLUMNS = {  # columns that are not a layout field
     "end_ns": "device ns of its last block exit (null: the dump records no exits)",
     "duration_ns": "end_ns - start_ns: the kernel's device duration (null without exits)",
     "blocks_paired": "blocks whose entry and exit were both recorded",
+    "record": "row of the slot_write record among the context's slot_write records",
+    "cache": "the registered cache's name (null: outside every cache)",
+    "kv_slot": "page * page_size + offset in that cache (null: outside every cache)",
+    "outside_cache": "the stores lie outside every registered cache (flags.outside)",
+    "node_id": "the graph node of the launch (0 for eager launches)",
+    "write_step": "the probe's step the launch belongs to (null: none)",
+    "request": "the request of the step's token mapped to kv_slot (null: no token of the step maps it)",
+    "slot_owner": "the request of the last token mapped to kv_slot at that step or before (a stale write: whose KV "
+                  "it overwrote)",
+    "slot_owner_step": "that token's step",
+    "status": "what kvconv canary --writes makes of the write: mapped, pad, unmapped, outside, unknown-cache, no-step",
 }
-_FIXTURES = ("h200-enter-exit/enter-exit.kvdump", "canary-clean/canary-clean.kvdump")
+_FIXTURES = ("h200-enter-exit/enter-exit.kvdump", "canary-clean/canary-clean.kvdump",
+             "writes-stale-pad/writes-stale-pad.kvdump")
 
 
 def _arrow_schemas() -> dict:

@@ -307,7 +307,7 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
 # whose "arrow" is set in schemas/layouts.json is exported as its records (tests/test_kinds.py checks the set).
 _BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
 _OWN_TABLES = frozenset({"device_event", "graph_node", "eager_launch", "kernel", "canary", "canary_pages", "metadata",
-                         "strings"})
+                         "strings", "slot_write"})
 
 
 def _small_tables(pa, c, sink) -> int:
@@ -349,6 +349,8 @@ def _small_tables(pa, c, sink) -> int:
     if has("canary_pages"):
         pages = d.records("canary_pages", context_id=ctx).view(np.uint32).reshape(-1)
         put("canary_pages", {"context_id": ctxcol(len(pages)), "page": pages}, layout.DTYPES["canary_page"])
+    if has("slot_write"):
+        _slot_write_table(pa, c, put)
     if has("metadata"):
         put("metadata", {"context_id": ctxcol(1), "json": [json.dumps(d.metadata(context_id=ctx), sort_keys=True)]},
             None, fields=[pa.field("json", pa.string())])
@@ -356,6 +358,18 @@ def _small_tables(pa, c, sink) -> int:
         put("strings", {"context_id": ctxcol(1), "blob": pa.array([blob], pa.binary())}, None,
             fields=[pa.field("blob", pa.binary())])
     return host
+
+
+def _slot_write_table(pa, c, put) -> None:
+    """The ``slot_write`` table: one row per record, joined by the write-address canary's join to its launch (host
+    kind and index, replay, node), step, cache slot and request (kvconv.emit._writes); joins device_event on
+    (context_id, gridid, tag, block_x, block_y, block_z)."""
+    from kvconv.emit import _writes
+
+    cols = _writes.arrow_columns(pa, _writes.join(c), lambda slots: _kernel_names(pa, c, slots))
+    fields = [pa.field(k, v.type if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.from_numpy_dtype(v.dtype))
+              for k, v in cols.items() if k != "context_id"]
+    put("slot_write", cols, None, fields=fields)
 
 
 def _record_batches(d, kind: str, ctx: int):

@@ -25,6 +25,7 @@ from kvconv.emit._contexts import emit_run, release_join
 from kvconv.emit._first_pass import first_pass, flow_id
 from kvconv.emit._stream import EAGER, GRAPH_NODE, SLICE
 from kvconv.emit._writer import BackgroundWriter
+from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import Plan
 from kvconv.format import layout
@@ -51,6 +52,7 @@ class _Chrome:
         self.pl = pl
         self.c = pl.c
         self.pid = pl.c.serial + 1
+        self.writes = BlockWrites.of(self.c)
 
     @staticmethod
     def tid(local) -> np.ndarray | int:
@@ -254,12 +256,20 @@ class _Chrome:
             # block-exit events are instants like the entries (no durations are paired yet): named apart
             us, nid = np.unique(slot.astype(np.int64) * 2 + ex, return_inverse=True)
             strings = [_j(short_name(c.kernel_name(k >> 1)) + (EXIT_SUFFIX if k & 1 else "")) for k in us.tolist()]
-        parts = t.render_parts([
+        nid = nid.reshape(-1)
+        k = self.writes.lookup(recs) if self.writes is not None else None
+        if k is not None and (k >= 0).any():
+            nid, strings = self._flag_names(recs, k, nid, strings)
+        head = [
             t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(tid), t.lit(',"ts":'), t.ts_us(ts),
-            *(dur if isinstance(dur, list) else [dur]), t.choice(nid.reshape(-1), strings),
+            *(dur if isinstance(dur, list) else [dur]), t.choice(nid, strings),
             t.lit(',"cat":"block","args":{"block":['),
             t.uint(recs["block_x"]), t.lit(","), t.uint(recs["block_y"]), t.lit(","), t.uint(recs["block_z"]),
-            t.lit('],"seq":'), t.uint(recs["sequence"]), t.lit("}}")], n)
+            t.lit('],"seq":'), t.uint(recs["sequence"])]
+        if k is None or not (k >= 0).any():
+            parts = t.render_parts(head + [t.lit("}}")], n)
+        else:
+            parts = self._write_args(head, k)
         if hasm is not None:
             has = np.flatnonzero(hasm)
             if len(has):
@@ -270,6 +280,49 @@ class _Chrome:
                     t.ts_us(ts[has]), t.lit(',"id":'), t.uint(flow_id(c, di[has])),
                     t.lit(',"name":"launch","cat":"flow"}')], len(tid[has]))
         return parts
+
+
+    def _flag_names(self, recs, k, nid, strings):
+        """Events of blocks whose writes are flagged renamed "<kernel> · write outside every cache"."""
+        st = np.where(k >= 0, self.writes.status[np.maximum(k, 0)], 0)
+        flag = np.flatnonzero(np.isin(st, list(FLAGGED)))
+        if not len(flag):
+            return nid, strings
+        nid, strings = nid.copy(), list(strings)
+        for i in flag.tolist():
+            name = _j(short_name(self.c.kernel_name(int(recs["kernel_slot"][i]))) + f" · {FLAGGED[int(st[i])]}")
+            if name not in strings:
+                strings.append(name)
+            nid[i] = strings.index(name)
+        return nid, strings
+
+    def _write_args(self, head: list, k: np.ndarray) -> list:
+        """The events' lines, those of blocks that wrote with the write args (cache, page, offset, slot, request,
+        slot_owner, write, step, writes; kvconv.emit._writes), grouped by which of them are known."""
+        bw = self.writes
+        j = np.maximum(k, 0)
+        labels = [_j(x) for x in bw.labels]
+        status = [_j(STATUS_TEXT[x]) for x in sorted(STATUS_TEXT)]
+        opt = [(',"page":', bw.page, bw.has_slot), (',"offset":', bw.offset, bw.has_slot),
+               (',"slot":', np.maximum(bw.slot, 0), bw.has_slot), (',"request":', bw.request, bw.has_request),
+               (',"slot_owner":', bw.owner, bw.has_owner), (',"step":', bw.step, bw.has_step)]
+        pattern = np.where(k >= 0, 1, 0)
+        for b, (_, _, has) in enumerate(opt):
+            pattern = pattern | (np.where(k >= 0, has[j], False).astype(np.int64) << (b + 1))
+        out = []
+        for pat in np.unique(pattern).tolist():
+            idx = np.flatnonzero(pattern == pat)
+            parts = [p if p.kind == "lit" else t.Part(p.kind, p.value[idx], p.choices) for p in head]
+            if pat & 1:
+                ji = j[idx]
+                parts += [t.lit(',"cache":'), t.choice(bw.cache_ix[ji], labels)]
+                for b, (key, col, _) in enumerate(opt):
+                    if pat >> (b + 1) & 1:
+                        parts += [t.lit(key), t.uint(col[ji])]
+                parts += [t.lit(',"write":'), t.choice(bw.status[ji].astype(np.int64), status), t.lit(',"writes":'),
+                          t.uint(bw.writes[ji])]
+            out += t.render_parts(parts + [t.lit("}}")], len(idx))
+        return out
 
 
 def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:

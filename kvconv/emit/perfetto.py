@@ -30,6 +30,7 @@ from kvconv.emit._contexts import emit_run, release_join
 from kvconv.emit._first_pass import first_pass, flow_id
 from kvconv.emit._stream import GRAPH_NODE, SLICE
 from kvconv.emit._writer import BackgroundWriter
+from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import SPAN, Plan
 
@@ -40,6 +41,8 @@ SEQ_CLEARED, SEQ_NEEDS = 1, 2
 T_BEGIN, T_END, T_INSTANT, T_COUNTER = 1, 2, 3, 4
 META_SEQ = 1
 DEV_ANN = ("block_x", "replay", "blocks")
+# with slot_write records (kvconv record --writes): what a block that wrote is annotated with (kvconv.emit._writes)
+WRITE_ANN = ("cache", "page", "offset", "slot", "request", "slot_owner", "write", "step", "writes")
 HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
 EST_EVENT_BYTES = 40
 HOST_BATCH = 1 << 20  # host records x flows encoded at a time
@@ -133,7 +136,9 @@ class _Packets:
         self.dev_names = _Names()
         self.host_names = _Names()
         self.host_rows, self.canary = plan.host_rows, plan.canary
+        self.writes = BlockWrites.of(self.c)
         self._intern()
+        self.dev_ann = DEV_ANN + WRITE_ANN if self.writes is not None else DEV_ANN
 
     def _intern(self) -> None:
         """Interned names, in the order of first use: device-event kernels, node names, replay names; host kernels."""
@@ -159,6 +164,21 @@ class _Packets:
             us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
             self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
                                           np.uint64)[inv.reshape(-1)]
+        self._intern_writes()
+
+    def _intern_writes(self) -> None:
+        """With slot_write records: the names of the events of blocks whose writes are flagged ("<kernel> · write
+        outside every cache") and the annotations' interned string values (cache labels, then statuses)."""
+        self.flag_iid: dict = {}
+        self.write_strings: list[str] = []
+        bw = self.writes
+        if bw is None:
+            return
+        flagged = sorted({int(x) for x in np.unique(bw.status)} & set(FLAGGED))
+        for slot in self.agg.slots.tolist():
+            for st in flagged:
+                self.flag_iid[(slot, st)] = self.dev_names(f"{self.c.kernel_name(slot)} · {FLAGGED[st]}")
+        self.write_strings = list(bw.labels) + [STATUS_TEXT[k] for k in sorted(STATUS_TEXT)]
 
     def host_tracks(self, rows=None) -> np.ndarray:
         return self.u(self.plan.host_tracks(rows))
@@ -233,6 +253,10 @@ class _Packets:
         for i, name in enumerate(ann, 1):
             e = p.interned_data.debug_annotation_names.add()
             e.iid, e.name = i, name
+        if seq == self.dev_seq:
+            for i, text in enumerate(self.write_strings, 1):
+                e = p.interned_data.debug_annotation_string_values.add()
+                e.iid, e.str = i, text.encode()
         return frame(p.SerializeToString())
 
     def snapshots(self, pb) -> list[bytes]:
@@ -409,13 +433,45 @@ class _Packets:
         track = self._block_track(recs, pair)
         typ = w.const(bytes([0x48, T_INSTANT])) if pair is None else \
             w.varint(9, np.where(pair >= 0, T_BEGIN, T_INSTANT).astype(np.uint64))
-        te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])]), typ, w.varint(10, iid),
-              w.varint(11, track)]
+        te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])])]
+        if self.writes is not None:
+            iid = self._write_fields(recs, iid, te)
+        te += [typ, w.varint(10, iid), w.varint(11, track)]
         if nflow:
             te.append(w.fixed64(48, flow_id(c, di), present=has))
         pk = [w.varint(8, recs["globaltimer"]), w.varint(10, self.dev_seq), w.msg(11, te),
               w.const(bytes([0x68, SEQ_NEEDS]))]
         return w.encode_groups([w.msg(1, pk)], len(recs))
+
+    def _write_fields(self, recs, iid, te: list):
+        """The write annotations of the events of blocks that wrote (appended to ``te``); returns the events' name
+        iids, flagged ones renamed."""
+        bw = self.writes
+        k = bw.lookup(recs)
+        wrote = k >= 0
+        if not wrote.any():
+            return iid
+        j = np.maximum(k, 0)
+        base = len(DEV_ANN)
+
+        def ann(i, field, v, present):
+            te.append(w.msg(4, [w.const(bytes([0x08, base + i])), w.varint(field, v)], wrote & present))
+
+        ann(1, 17, bw.cache_ix[j] + 1, True)
+        for i, col in ((2, bw.page), (3, bw.offset), (4, np.maximum(bw.slot, 0))):
+            ann(i, 3, col[j], bw.has_slot[j])
+        ann(5, 3, bw.request[j], bw.has_request[j])
+        ann(6, 3, bw.owner[j], bw.has_owner[j])
+        ann(7, 17, len(bw.labels) + 1 + bw.status[j].astype(np.uint64), True)
+        ann(8, 3, bw.step[j], bw.has_step[j])
+        ann(9, 3, bw.writes[j], True)
+        st = np.where(wrote, bw.status[j], 0)
+        flag = np.flatnonzero(np.isin(st, list(FLAGGED)))
+        if len(flag):
+            iid = np.array(iid, np.uint64, copy=True)
+            slots = recs["kernel_slot"][flag].tolist()
+            iid[flag] = [self.flag_iid[(s, int(x))] for s, x in zip(slots, st[flag].tolist())]
+        return iid
 
     def _block_ends(self, recs, pair) -> list:
         """The end packets of the block slices begun in the chunk (at their exit's time, on their lane)."""
@@ -474,7 +530,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
             for pl in plans:
                 c = pl.c
                 dev_clock = DEVICE_CLOCK if c.clock.n else HOST_CLOCK
-                f.write(pl.seq_start(pb, pl.dev_seq, pl.dev_names, DEV_ANN, dev_clock))
+                f.write(pl.seq_start(pb, pl.dev_seq, pl.dev_names, pl.dev_ann, dev_clock))
                 for b in pl.snapshots(pb):
                     f.write(b)
                 f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
