@@ -497,11 +497,15 @@ def _check_clock_sync(d: dumpmod.Dump, c: _Collector) -> None:
 def _max_by_key(keys: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Unique keys (sorted) and, per key, the largest grid_x/y/z of the host records carrying it."""
     order = np.argsort(keys, kind="stable")
+    if len(order) < (1 << 31):
+        order = order.astype(np.int32)  # millions of host records: the sort's temporaries are the peak here
     k = keys[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, dtype=np.intp)
-    dims = {dim: np.maximum.reduceat(h[dim][order], starts) if len(k) else np.zeros(0, np.uint32)
+    uniq = k[starts]
+    del k
+    dims = {dim: np.maximum.reduceat(h[dim][order], starts) if len(order) else np.zeros(0, np.uint32)
             for dim in ("grid_x", "grid_y", "grid_z")}
-    return k[starts], dims
+    return uniq, dims
 
 
 def _lookup(table: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
