@@ -546,15 +546,12 @@ def _grid_tables(d: dumpmod.Dump, ctx: int, table=None):
              **{f: a.astype(np.uint32, copy=False)
                 for f, a in (("grid_x", table.gx), ("grid_y", table.gy), ("grid_z", table.gz))}}
     else:
-        hosts = [g.records for k in ("graph_node", "eager_launch") for g in d.groups_of(k, context_id=ctx)]
-        hosts = [r for r in hosts if len(r)]
-        if not hosts:
-            return None
-        # the five columns, not whole records: then the records' pages can go (large dumps)
-        h = {f: np.concatenate([r[f] for r in hosts]) for f in ("grid_id", "kernel_slot", "grid_x", "grid_y", "grid_z")}
-        from kvconv.check.reconcile.launches import release_records
+        from kvconv.check.reconcile.launches import host_columns
 
-        release_records(d, ctx)
+        if not any(len(g.records) for k in ("graph_node", "eager_launch") for g in d.groups_of(k, context_id=ctx)):
+            return None
+        # the five columns, a chunk of records at a time, each chunk's pages given back (large dumps)
+        h = host_columns(d, ctx, ("grid_id", "kernel_slot", "grid_x", "grid_y", "grid_z"))
     gids, gdims = _max_by_key(h["grid_id"], h)
     slots, sdims = _max_by_key(h["kernel_slot"], h)
     return gids, gdims, slots, sdims

@@ -107,24 +107,24 @@ _NARROW = {"flags": np.uint8}  # every launch_flags bit lies in the low byte (va
 assert max(layout.ENUMS["launch_flags"].values()) < 256
 
 
-def _columns(d, ctx: int) -> tuple[dict, int, int]:
-    """The host records' fields as compact columns (graph nodes, then eager launches, each in record order), read
-    from the mapped records a chunk at a time: no copy of whole records is made (a record is 96 bytes, the
-    columns 76 of them) and, on large dumps, each chunk's pages are given back once copied."""
+def _columns(d, ctx: int, fields: tuple = _FIELDS) -> tuple[dict, int, int]:
+    """The host records' ``fields`` as compact columns (graph nodes, then eager launches, each in record order),
+    read from the mapped records a chunk at a time: no copy of whole records is made (a record is 96 bytes, the
+    table's columns 76 of them) and, on large dumps, each chunk's pages are given back once copied."""
     from kvconv.format.dump import release_pages
     from kvconv.check.reconcile import RELEASE_BYTES
 
     gn = d.groups_of("graph_node", context_id=ctx)
     el = d.groups_of("eager_launch", context_id=ctx)
     n_gn, n_el = sum(len(g.records) for g in gn), sum(len(g.records) for g in el)
-    cols = {f: np.empty(n_gn + n_el, _NARROW.get(f, _HOST_DTYPE[f])) for f in _FIELDS}
+    cols = {f: np.empty(n_gn + n_el, _NARROW.get(f, _HOST_DTYPE[f])) for f in fields}
     release = d.size > RELEASE_BYTES
     at = 0
     for g in list(gn) + list(el):
         r, rs = g.records, int(g.header["record_size"])
         for s in range(0, len(r), _CHUNK):
             v = r[s : s + _CHUNK]
-            for f in _FIELDS:
+            for f in fields:
                 cols[f][at + s : at + s + len(v)] = v[f]
             if release:
                 release_pages(d._mm, g.payload_offset + s * rs, len(v) * rs)
@@ -132,15 +132,10 @@ def _columns(d, ctx: int) -> tuple[dict, int, int]:
     return cols, n_gn, n_el
 
 
-def release_records(d, ctx: int) -> None:
-    """Give back the pages of a context's host records (large dumps only): the table holds its own columns."""
-    from kvconv.format.dump import release_pages
-    from kvconv.check.reconcile import RELEASE_BYTES
-
-    if d.size > RELEASE_BYTES:
-        for kind in ("graph_node", "eager_launch"):
-            for g in d.groups_of(kind, context_id=ctx):
-                release_pages(d._mm, g.payload_offset, len(g.records) * int(g.header["record_size"]))
+def host_columns(d, ctx: int, fields: tuple) -> dict:
+    """Some fields of a context's host records (graph nodes, then eager launches) as columns, read a chunk at a
+    time with each chunk's pages given back on large dumps (kvconv.check.validate's grid tables)."""
+    return _columns(d, ctx, fields)[0]
 
 
 def _duplicates(kind, index, upload, recs) -> np.ndarray:
