@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-
 from _timing import best, quietness, timed  # noqa: E402
-from kvconv.format import dump  # noqa: E402
+
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto  # noqa: E402
+from kvconv.format import dump  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("make_synthetic", ROOT / "fixtures/synthetic-multi/make_synthetic.py")
 synth = importlib.util.module_from_spec(_spec)
@@ -133,9 +133,8 @@ def protobuf_line() -> str:
     """The protobuf runtime the TraceProtoBuilder baseline runs on: its speed differs by backend (upb, cpp,
     python), so every run says which."""
     import google.protobuf
-    from google.protobuf.internal import api_implementation
-
     import perfetto
+    from google.protobuf.internal import api_implementation
 
     pv = getattr(perfetto, "__version__", None)
     if pv is None:

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _timing import best, quietness  # noqa: E402
-from kvconv.format import dump
+
 from kvconv.check import reconcile  # noqa: E402
+from kvconv.format import dump
 
 
 def _synth():

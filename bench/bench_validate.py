@@ -19,8 +19,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _timing import best, quietness  # noqa: E402
-from kvconv.format import dump, layout  # noqa: E402
+
 from kvconv.check.validate import ValidateOptions, validate  # noqa: E402
+from kvconv.format import dump, layout  # noqa: E402
 
 
 def make(path: Path, n_events: int, n_hosts: int) -> None:

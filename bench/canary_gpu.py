@@ -33,9 +33,9 @@ import time
 import numpy as np
 import torch
 
+from kvconv.capture.probe import Canary
 from kvconv.check import canary
 from kvconv.format import dump
-from kvconv.capture.probe import Canary
 
 NUM_PAGES = 4096
 PAGE_SIZE = 64  # compressed rows per page

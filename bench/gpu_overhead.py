@@ -37,9 +37,8 @@ def q(xs, p):
 
 
 def inner(args) -> dict:
-    import torch
-
     import kv_decode as kvd
+    import torch
 
     wl = vars(kvd)
     ns = argparse.Namespace(layers=args.layers, prefill=8, replays=1, streams=1, work=args.work, kv_heads=8,

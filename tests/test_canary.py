@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, run_cli
-from kvconv.check import canary
-from kvconv.format import dump, layout
-from kvconv.check.canary import _json
 from kvconv.capture.probe.writer import CanaryRecorder
+from kvconv.check import canary
+from kvconv.check.canary import _json
+from kvconv.format import dump, layout
 
 SCHEMA = json.loads((ROOT / "schemas" / "canary.schema.json").read_text())
 GEOM = dict(num_pages=64, page_size=64, compression=4)

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvconv.capture.probe import Canary, expected_pages  # noqa: E402
 from kvconv.check import canary
 from kvconv.format import dump  # noqa: E402
-from kvconv.capture.probe import Canary, expected_pages  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float32, getattr(torch, "float8_e4m3fn", torch.uint8)]
 

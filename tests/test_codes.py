@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT
-from kvconv.format import codes
 from kvconv.check import validate
+from kvconv.format import codes
 
 CODE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 

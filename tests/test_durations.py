@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, run_cli
-from kvconv.format import dump, layout
 from kvconv.check.reconcile.durations import launch_durations
+from kvconv.format import dump, layout
 
 EE = FIXTURES / "h200-enter-exit" / "enter-exit.kvdump"
 ENTER, EXIT = layout.ENUMS["event_kind"]["block_enter"], layout.ENUMS["event_kind"]["block_exit"]

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, ROOT, load_script, run_cli, track_paths
+from kvconv.emit import EmitOptions, _text, _wire, write_arrow, write_chrome, write_perfetto
 from kvconv.format import dump, layout
-from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
-from kvconv.emit import _text, _wire
 
 pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
 

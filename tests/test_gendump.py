@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script
 
+from conftest import ROOT, load_script
 from kvconv.format import dump
 
 gen = load_script(ROOT / "bench" / "gendump.py")

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from conftest import FIXTURES, run_cli
-from kvconv.format import dump
 from kvconv.atomic import MARKER, atomic_output, check_not_input
+from kvconv.format import dump
 from kvconv.format.errors import OutputError
 
 SMALL = FIXTURES / "bad" / "valid-small.kvdump"

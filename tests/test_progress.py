@@ -6,8 +6,8 @@ import io
 import re
 
 import pytest
-from conftest import ROOT, load_script
 
+from conftest import ROOT, load_script
 from kvconv.progress import Progress, ProgressOptions
 
 gen = load_script(ROOT / "bench" / "gendump.py")

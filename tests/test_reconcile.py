@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, load_script
-from kvconv.format import dump, layout
 from kvconv.check import reconcile
+from kvconv.format import dump, layout
 from kvconv.format.errors import UsageError
 
 H, E = layout.DTYPES["host_launch"], layout.DTYPES["device_event"]

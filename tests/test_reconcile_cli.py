@@ -6,10 +6,10 @@ import json
 
 import jsonschema
 import pytest
+from test_reconcile import QWEN, synth
 
 from conftest import run_cli
 from kvconv.format import layout
-from test_reconcile import QWEN, synth
 
 
 def _dump(tmp_path, name):

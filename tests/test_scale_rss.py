@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, load_script
 
 gen = load_script(ROOT / "bench" / "gendump.py")

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import jsonschema
 import numpy as np
 import pytest
 
 from conftest import FIXTURES, run_cli, track_paths
-from kvconv.format import dump, layout
 from kvconv.check import reconcile, skew
+from kvconv.format import dump, layout
 
 CASE = FIXTURES / "h200-tp2"
 RANKS = [CASE / "rank0.kvdump", CASE / "rank1.kvdump"]

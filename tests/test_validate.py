@@ -8,8 +8,8 @@ import pytest
 
 import synth
 from conftest import FIXTURES, run_cli
-from kvconv.format import layout
 from kvconv.check.validate import ValidateOptions, validate
+from kvconv.format import layout
 
 NO_REC = ValidateOptions(reconcile=False)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvconv.format import dump as dumpmod
 from kvconv.clock import Clock
+from kvconv.format import dump as dumpmod
 
 
 def _member_clocks(path) -> tuple[str | None, dict[int, Clock]]:

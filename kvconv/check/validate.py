@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvconv.format import codes
-from kvconv.format import dump as dumpmod
-from kvconv.format import layout
 from kvconv._workers import worker
+from kvconv.format import codes, layout
+from kvconv.format import dump as dumpmod
 from kvconv.format.errors import KvconvError
 from kvconv.format.findings import Finding
 

@@ -21,7 +21,6 @@ import typer
 from kvconv.cli.common import FORCE, QUIET, SALVAGE, output_option, renamed
 from kvconv.emit.registry import FORMATS, Format
 
-
 # --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
 # the former --reconcile auto|always|never still works (hidden): always = reconcile, never = exact.
 _JOINS = {"auto": "auto", "exact": "never", "reconcile": "always", "always": "always", "never": "never"}

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kvconv.format import layout
 from kvconv._workers import worker
-from kvconv.format.dump import release_pages
 from kvconv.emit._contexts import emit_run
 from kvconv.emit._stream import GRAPH_NODE, RELEASE_BYTES, SLICE
 from kvconv.emit.options import EmitOptions, EmitResult
+from kvconv.format import layout
+from kvconv.format.dump import release_pages
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
 #               11.7 at 8192)

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvconv.format import layout
-from kvconv.format.errors import KvconvError
-from kvconv.format.findings import Finding
 from kvconv.check.canary import _batch, _json
 from kvconv.check.canary._findings import findings as _batch_findings
 from kvconv.check.canary._text import MAX_LISTED, describe_pages, runs
+from kvconv.format import layout
+from kvconv.format.errors import KvconvError
+from kvconv.format.findings import Finding
 
 __all__ = ["CanaryOptions", "CanaryResult", "Steps", "check", "describe_pages", "runs", "MAX_LISTED",
            "VERDICTS", "EXIT_CODES"]

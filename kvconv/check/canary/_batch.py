@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.format import dump, layout
 from kvconv.check.canary import _sets
+from kvconv.format import dump, layout
 
 FLAGS = layout.ENUMS["canary_flags"]
 SNAPSHOT = {FLAGS["snapshot_clone"]: "clone", FLAGS["snapshot_checksum"]: "checksum"}

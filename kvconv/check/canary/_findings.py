@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvconv.format import layout
-from kvconv.format.findings import Finding
 from kvconv.check.canary import _sets
 from kvconv.check.canary._batch import KNOWN_FLAGS, LISTS, Batch
 from kvconv.check.canary._text import describe_pages
+from kvconv.format import layout
+from kvconv.format.findings import Finding
 
 _LAYOUT = layout.LAYOUTS["canary"]
 _FIELD_OFFSET = {f.name: f.offset for f in _LAYOUT.fields}

@@ -46,22 +46,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.format.dump import release_heap
-from kvconv.format.errors import UsageError
-from kvconv.format.findings import Finding
 from kvconv.check.reconcile._notes import Notes
 from kvconv.check.reconcile.count import check_ordered_against_gridid, count_blocks
-from kvconv.check.reconcile.durations import LaunchDurations, section as durations_section
+from kvconv.check.reconcile.durations import LaunchDurations
+from kvconv.check.reconcile.durations import section as durations_section
 from kvconv.check.reconcile.events import SEQ_LIMIT, load_drops, load_events
-from kvconv.check.reconcile.exact import JOIN_EXACT, JOIN_NONE, JOIN_ORDERED, ExactJoin, Match, explain_unmatched, join_exact
+from kvconv.check.reconcile.exact import (
+    JOIN_EXACT,
+    JOIN_NONE,
+    JOIN_ORDERED,
+    ExactJoin,
+    Match,
+    explain_unmatched,
+    join_exact,
+)
 from kvconv.check.reconcile.graphs import device_side, host_graphs
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.check.reconcile.ordered import join_ordered
+from kvconv.check.reconcile.report import (
+    LAUNCH_DTYPE,
+    MATCH_DTYPE,
+    agreement_counts,
+    agreement_line,
+    ambiguous_runs,
+    blocks_section,
+    context_lines,
+    counts_agree,
+    device_section,
+    host_section,
+    launch_table,
+    match_table,
+    problem_launches,
+    status_line,
+    verdict,
+)
 from kvconv.check.reconcile.stream import ContextStream
 from kvconv.check.reconcile.tally import tally_match
-from kvconv.check.reconcile.report import (LAUNCH_DTYPE, MATCH_DTYPE, agreement_counts, ambiguous_runs, blocks_section, context_lines,
-                     counts_agree, agreement_line, device_section, host_section, launch_table, match_table,
-                     problem_launches, status_line, verdict)
+from kvconv.format.dump import release_heap
+from kvconv.format.errors import UsageError
+from kvconv.format.findings import Finding
 
 JOIN_NAMES = {JOIN_NONE: "none", JOIN_EXACT: "exact", JOIN_ORDERED: "ordered"}
 JOINS = ("auto", "exact", "ordered")

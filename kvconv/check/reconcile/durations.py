@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.format import layout
 from kvconv.check.reconcile._notes import hexs
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short
+from kvconv.format import layout
 
 _EVK = layout.ENUMS["event_kind"]
 _EVF = layout.ENUMS["event_flags"]

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvconv.check.reconcile._notes import Notes
 from kvconv.format import layout
 from kvconv.format.errors import SchemaError
-from kvconv.check.reconcile._notes import Notes
 
 _EV_FLAGS = layout.ENUMS["event_flags"]
 BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvconv.format import layout
 from kvconv.check.reconcile.events import BLOCK_ENTER
 from kvconv.check.reconcile.exact import JOIN_EXACT, ExactJoin, Unmatched, runs, unmatched_keys
 from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable
 from kvconv.check.reconcile.report import MATCH_DTYPE
 from kvconv.check.reconcile.tally import TallyBuilder
+from kvconv.format import layout
 
 _EVF = layout.ENUMS["event_flags"]
 _GID, _TAG = np.uint8(_EVF["has_gridid"]), np.uint8(_EVF["has_tag"])
