@@ -42,5 +42,6 @@ def quietness(tag: str) -> str:
     """``quiet check (start): memcpy 9.8 GB/s, load average 0.31 (2 cores)``: print it before and after a bench."""
     import os
 
-    return (f"quiet check ({tag}): memcpy {memcpy_gbs():.1f} GB/s, load average {os.getloadavg()[0]:.2f} "
-            f"({os.cpu_count()} cores)")
+    one, five, fifteen = os.getloadavg()
+    return (f"quiet check ({tag}): memcpy {memcpy_gbs():.1f} GB/s, load average {one:.2f} "
+            f"({os.cpu_count()} cores; 5/15 min {five:.2f} {fifteen:.2f})")

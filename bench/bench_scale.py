@@ -19,6 +19,7 @@ shared machine into swap or the OOM killer. The generated dump and the outputs l
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -85,6 +86,7 @@ def main() -> None:
                     help="RLIMIT_DATA of each command (default 8GiB; 0: none)")
     ap.add_argument("--dir", default=None, help="scratch folder (default: one under bench/out/)")
     ap.add_argument("--keep", default=None, help="keep the generated dump at this path (and reuse it if there)")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     a = ap.parse_args()
     cmds = [c for c in a.commands.split(",") if c]
     for c in cmds:
@@ -113,6 +115,7 @@ def main() -> None:
         print(f"baseline: page-cache read of the {size / 2**30:.2f} GiB file {t_read:.2f} s "
               f"({size / t_read / 1e9:.1f} GB/s); interpreter start + imports {start:.2f} s (subtracted)")
         print(f"{'command':<20} {'exit':>4} {'time s':>8} {'x read':>7} {'peak RSS':>10} {'RSS/dump':>9}")
+        rows = []
         for c in cmds:
             o = scratch / f"out-{c}"
             wall, rss, rc, err = child([str(x) for x in COMMANDS[c](str(src), str(o))] + (
@@ -121,8 +124,14 @@ def main() -> None:
             note = "" if rc in (0, 1) else f"  FAILED: {err.strip().splitlines()[-1] if err.strip() else rc}"
             print(f"{c:<20} {rc:>4} {t:>8.2f} {t / t_read:>6.1f}x {rss / 2**20:>8.0f} MiB {rss / size:>8.2f}x"
                   f"{note}", flush=True)
+            rows.append({"command": c, "exit": rc, "seconds": round(t, 3), "x_read": round(t / t_read, 2),
+                         "peak_rss_mib": round(rss / 2**20, 1), "load_average": os.getloadavg()})
             for p in scratch.glob(f"out-{c}*"):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+        if a.json:
+            Path(a.json).write_text(json.dumps({"dump_bytes": size, "page_cache_read_s": round(t_read, 4),
+                                                "interpreter_start_s": round(start, 3), "commands": rows}, indent=1)
+                                    + "\n")
     finally:
         if not a.keep:
             src.unlink(missing_ok=True)
