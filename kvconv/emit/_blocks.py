@@ -1,42 +1,135 @@
 """Block and kernel durations for the traces, from block exit events (``kvconv record --events enter,exit``): the
 computation is reconcile's (:mod:`kvconv.check.reconcile.durations`: per launch first entry to last exit, per block
-entry to exit paired first-in first-out per block); here it is fed during the emitters' first pass and what the
-second pass draws is kept: each paired block's entry (device index), exit time and SM.
+entry to exit paired first-in first-out per block). Per block nothing is kept across the dump (issue 13: memory
+independent of the number of blocks): the first pass keeps the lanes each SM needs, the second pass pairs again
+chunk by chunk, a little ahead of what it writes, and gives each block the same lane.
 
-    >>> timing = Timing(ctx)                                   # doctest: +SKIP
-    >>> for first, recs in ctx.chunks(chunk): timing.feed(first, recs)
-    >>> durations, blocks = timing.finish(agg.count, agg.first_ts)   # (None, None): the dump has no exits
+    >>> timing = Timing(ctx, chunk)                              # doctest: +SKIP
+    >>> for first, recs in ctx.chunks(chunk, sub=SLICE): timing.feed(first, recs)
+    >>> durations, lanes = timing.finish(agg.count, agg.first_ts)   # (None, None): the dump has no exits
+    >>> win = BlockStream(ctx, lanes, chunk).window(di)        # second pass: the pairs of the events ``di``
+
+Lanes: per SM, the slices sorted by (entry, exit, entry's index) each take the lowest lane whose last slice ended
+before they begin. Run streaming: a slice is placed once every slice before it in that order is known, i.e. its
+entry lies before both the earliest entry of its SM still waiting for an exit and a lower bound of every later
+event's time (:class:`Watermarks`: per 16,384 events the minimum, read once ahead). Entries whose exit is never
+recorded hold back their SM in the first pass only (the second knows them: ``BlockLanes.open_index``).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile.durations import Durations, LaunchDurations
-from kvconv.emit._stream import Ctx
+from kvconv.check.reconcile.durations import BlockPairer, Durations, LaunchDurations
+from kvconv.emit._stream import SLICE, Ctx
 
 _I64 = np.iinfo(np.int64)
+_NSM = 1 << 16  # smid is u16
+
+
+class Watermarks:
+    """A lower bound of the %globaltimer of every event from a device index on (one read of the timestamps)."""
+
+    def __init__(self, c: Ctx, chunk: int) -> None:
+        starts, mins = [], []
+        for first, recs in c.chunks(chunk, sub=SLICE):
+            if len(recs):
+                starts.append(first)
+                mins.append(int(recs["globaltimer"].min()))
+        self.starts = np.array(starts, np.int64)
+        m = np.array(mins, np.uint64).astype(np.int64)
+        self.suffix = np.minimum.accumulate(m[::-1])[::-1] if len(m) else m
+
+    def at(self, index: int) -> int:
+        k = max(int(np.searchsorted(self.starts, index, "right")) - 1, 0)
+        return int(self.suffix[k]) if k < len(self.suffix) else int(_I64.max)
+
+
+class LaneStream:
+    """Lanes of paired blocks per SM, placed in (entry, exit, index) order as soon as that order is settled."""
+
+    def __init__(self) -> None:
+        self.state: dict[int, list] = {}  # smid -> [busy heap of (end, lane), free heap, lanes]
+        self.buf = tuple(np.zeros(0, np.int64) for _ in range(4))  # smid, start, end, enter index: not placed yet
+
+    def lanes(self) -> dict[int, int]:
+        return {s: st[2] for s, st in self.state.items()}
+
+    def feed(self, sm, start, end, index, limit: int, pend_sm, pend_t) -> tuple[np.ndarray, ...]:
+        """Add paired blocks; place those before ``limit`` and before their SM's earliest waiting entry
+        (``pend_sm``, ``pend_t``); returns their (enter index, exit ns, lane)."""
+        b = tuple(np.concatenate([x, np.asarray(y, np.int64)]) for x, y in zip(self.buf, (sm, start, end, index)))
+        lim = np.full(len(b[0]), limit, np.int64)
+        if len(pend_sm) and len(lim):
+            m = np.full(_NSM, _I64.max, np.int64)
+            np.minimum.at(m, np.asarray(pend_sm, np.int64), np.asarray(pend_t, np.int64))
+            np.minimum(lim, m[b[0]], out=lim)
+        ready = b[1] < lim
+        self.buf = tuple(x[~ready] for x in b)
+        sm, st, en, ix = (x[ready] for x in b)
+        o = np.lexsort((ix, en, st, sm))
+        sm, st, en, ix = sm[o], st[o], en[o], ix[o]
+        lane = np.zeros(len(sm), np.int64)
+        cut = np.flatnonzero(np.diff(sm)) + 1
+        for a, z in zip(np.r_[0, cut].tolist(), np.r_[cut, len(sm)].tolist()):
+            if z > a:
+                lane[a:z] = self._place(int(sm[a]), st[a:z], en[a:z])
+        return ix, en, lane
+
+    def _place(self, smid: int, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+        st = self.state.setdefault(smid, [[], [], 0])
+        busy, free, n = st
+        out = np.zeros(len(s), np.int64)
+        if (not busy or max(x[0] for x in busy) < s[0]) and bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
+            # every lane free and no overlap: all on the lowest lane (what the loop below gives)
+            st[0], st[1], st[2] = [(int(e.max()), 0)], list(range(1, n)), max(n, 1)
+            return out
+        for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
+            while busy and busy[0][0] < si:
+                heapq.heappush(free, heapq.heappop(busy)[1])
+            if free:
+                j = heapq.heappop(free)
+            else:
+                j, n = n, n + 1
+            out[k] = j
+            heapq.heappush(busy, (ei, j))
+        st[2] = n
+        return out
+
+
+@dataclass(frozen=True)
+class BlockLanes:
+    """What the first pass keeps of the paired blocks: lanes per SM, entries never paired, the watermarks."""
+
+    sm_lanes: dict  # smid -> lanes its slices need
+    open_index: np.ndarray  # i8 sorted: entries left waiting at the end (never paired)
+    marks: Watermarks
+    chunk: int
 
 
 @dataclass(frozen=True)
 class BlockSlices:
-    """The paired blocks of a context, by their entry's device index (sorted)."""
+    """The paired blocks of a stretch of events, by their entry's device index (sorted)."""
 
     enter_index: np.ndarray  # i8, sorted
-    start_ns: np.ndarray  # i8 entry %globaltimer
     end_ns: np.ndarray  # i8 exit %globaltimer
-    smid: np.ndarray  # the SM both events name
+    lane: np.ndarray  # i8 lane on the SM (0: the SM's own track)
     exit_index: np.ndarray  # i8, sorted: exits drawn as the end of their block's slice (no event of their own)
-
-    def __len__(self) -> int:
-        return len(self.enter_index)
 
     def in_chunk(self, dev_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the events ``dev_index`` (increasing device indices): the pair of each paired entry (-1: none) and
         whether each is a paired exit."""
         return _lookup(self.enter_index, dev_index), _lookup(self.exit_index, dev_index) >= 0
+
+    @staticmethod
+    def of(col: np.ndarray, pair: np.ndarray, default) -> np.ndarray:
+        """``col`` of each event's pair, ``default`` where it has none."""
+        if not len(col):
+            return np.broadcast_to(np.asarray(default, np.int64), pair.shape).copy()
+        return np.where(pair >= 0, col[np.maximum(pair, 0)], default)
 
 
 def _lookup(sorted_ix: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -49,28 +142,114 @@ def _lookup(sorted_ix: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.where(hit, lo + pos, -1)
 
 
-class Timing:
-    """Fed each chunk of the first pass (all of the context's events, before any filter)."""
+def _waiting(pairer: BlockPairer, exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(smid, entry time) of the entries waiting for their exit (less ``exclude``: entries never paired)."""
+    p = pairer.pending
+    if p is None or not len(p["t"]):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if exclude is not None and len(exclude):
+        k = ~np.isin(p["index"], exclude, assume_unique=True)
+        return p["smid"][k], p["t"][k]
+    return p["smid"], p["t"]
 
-    def __init__(self, c: Ctx) -> None:
+
+class Timing:
+    """Fed each chunk of the first pass (all of the context's events, before any filter, in chunks of
+    ``ctx.chunks(chunk, sub=SLICE)``)."""
+
+    def __init__(self, c: Ctx, chunk: int) -> None:
+        self.c, self.chunk = c, chunk
         self.ld = LaunchDurations(c.host, c.xjoin, enters=False)
-        self.parts: list = []
+        self.marks: Watermarks | None = None
+        self.lanes = LaneStream()
+        self.paired = 0
 
     def feed(self, first: int, recs: np.ndarray) -> None:
         p = self.ld.feed(first, recs)
-        if len(p):
-            self.parts.append((p.enter_index, p.exit_index, p.start_ns, p.end_ns, recs["smid"][p.exit_index - first]))
+        if self.ld.pairer.pending is None:
+            return
+        if self.marks is None:  # the first exit: blocks will be drawn as slices
+            self.marks = Watermarks(self.c, self.chunk)
+        self.paired += len(p)
+        sm = recs["smid"][p.exit_index - first]
+        self.lanes.feed(sm, p.start_ns, p.end_ns, p.enter_index, self.marks.at(first + len(recs)),
+                        *_waiting(self.ld.pairer))
 
-    def finish(self, count: np.ndarray, first_ts: np.ndarray) -> tuple[Durations | None, BlockSlices | None]:
-        """The launches' durations (their start: the earliest matched entry the first pass found) and the paired
-        blocks; (None, None) when the context holds no block exit."""
+    def finish(self, count: np.ndarray, first_ts: np.ndarray) -> tuple[Durations | None, BlockLanes | None]:
+        """The launches' durations (their start: the earliest matched entry the first pass found) and the lanes of
+        the paired blocks; (None, None) when the context holds no block exit."""
         if not self.ld.n_exit:
             return None, None
         start = np.where(count > 0, first_ts.astype(np.int64), _I64.max)
         dur = self.ld.finish(start_ns=start)
-        if not self.parts:
+        if not self.paired:
             return dur, None
-        en, ex, st, end, sm = (np.concatenate(x) for x in zip(*self.parts))
-        o = np.argsort(en, kind="stable")
-        return dur, BlockSlices(enter_index=en[o], start_ns=st[o], end_ns=end[o], smid=sm[o].astype(np.int64),
-                                exit_index=np.sort(ex))
+        self.lanes.feed([], [], [], [], int(_I64.max), [], [])  # the rest: every slice is known
+        pend = self.ld.pairer.pending
+        return dur, BlockLanes(sm_lanes=self.lanes.lanes(), open_index=np.sort(pend["index"]), marks=self.marks,
+                               chunk=self.chunk)
+
+
+class BlockStream:
+    """The second pass's pairs: the same pairing and lanes as the first pass, run ahead of the chunk written
+    until each of its entries is paired and placed (or known never to be)."""
+
+    def __init__(self, c: Ctx, bl: BlockLanes) -> None:
+        self.c, self.bl = c, bl
+        self._restart()
+
+    def _restart(self) -> None:
+        self.it = self.c.chunks(self.bl.chunk, sub=SLICE)
+        self.pairer, self.lanes = BlockPairer(), LaneStream()
+        self.fed, self.done, self.lo = 0, False, -1
+        self.res: list = []  # parts of (enter index, end, lane) placed and not yet written past
+        self.exits: list = []  # parts of the paired exits' indices (increasing)
+
+    def window(self, di: np.ndarray) -> BlockSlices:
+        """The paired blocks among the events ``di`` (increasing device indices, chunks asked for in order)."""
+        lo, hi = int(di[0]), int(di[-1]) + 1
+        if lo < self.lo:
+            self._restart()
+        self.lo = lo
+        while not self.done and not self._settled(hi):
+            self._step()
+        ix, end, lane = (np.concatenate(x) for x in zip(*self.res)) if self.res else (np.zeros(0, np.int64),) * 3
+        keep = ix >= lo
+        ix, end, lane = ix[keep], end[keep], lane[keep]
+        o = np.argsort(ix, kind="stable")
+        ix, end, lane = ix[o], end[o], lane[o]
+        ex = np.concatenate(self.exits) if self.exits else np.zeros(0, np.int64)
+        ex = ex[np.searchsorted(ex, lo):]
+        self.res, self.exits = [(ix, end, lane)], [ex]
+        j = np.searchsorted(ix, hi)
+        return BlockSlices(enter_index=ix[:j], end_ns=end[:j], lane=lane[:j], exit_index=ex[: np.searchsorted(ex, hi)])
+
+    def _settled(self, hi: int) -> bool:
+        if self.fed < hi or self.pairer.pending is None:
+            return False
+        p = self.pairer.pending["index"]
+        early = p[p < hi]
+        if len(early) and not np.isin(early, self.bl.open_index).all():
+            return False
+        w = self.lanes.buf[3]
+        return not (len(w) and int(w.min()) < hi)
+
+    def _step(self) -> None:
+        try:
+            first, recs = next(self.it)
+        except StopIteration:
+            self.done = True
+            self._place([], [], [], [], int(_I64.max))
+            return
+        self.fed = first + len(recs)
+        p = self.pairer.feed(first, recs)
+        if self.pairer.pending is None:
+            return
+        self.exits.append(np.sort(p.exit_index))
+        sm = recs["smid"][p.exit_index - first]
+        self._place(sm, p.start_ns, p.end_ns, p.enter_index, self.bl.marks.at(self.fed))
+
+    def _place(self, sm, start, end, index, limit: int) -> None:
+        ix, end, lane = self.lanes.feed(sm, start, end, index, limit, *_waiting(self.pairer, self.bl.open_index))
+        if len(ix):
+            self.res.append((ix, end, lane))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.emit._blocks import BlockSlices, Timing
+from kvconv.emit._blocks import BlockLanes, Timing
 from kvconv.emit._flows import Flows
 from kvconv.emit._stream import GRAPH_NODE, SLICE, Ctx, expand_runs, runs_of
 from kvconv.emit.options import EmitOptions
@@ -35,7 +35,7 @@ class Agg:
     kept: int  # device events kept by the filters
     kept_hosts: np.ndarray  # bool per host row
     durations: object = None  # kvconv.check.reconcile.durations.Durations per host row (None: no block exits)
-    blocks: BlockSlices | None = None  # paired blocks (entry to exit)
+    blocks: BlockLanes | None = None  # lanes of the paired blocks (entry to exit) per SM
 
 
 def event_keep(c: Ctx, recs: np.ndarray, hid: np.ndarray, options: EmitOptions, t0: int | None) -> np.ndarray | None:
@@ -74,7 +74,7 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
     cnt_parts: list[np.ndarray] = []  # never by the time span a damaged timestamp can open)
     kept = 0
     filtered = options.window_ms is not None or options.replays is not None
-    timing = Timing(c)
+    timing = Timing(c, options.chunk)
     for first_i, recs in c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE):
         if progress is not None:
             progress(len(recs))

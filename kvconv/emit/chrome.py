@@ -240,7 +240,7 @@ class _Chrome:
         if pair is None:
             tid, dur = recs["smid"].astype(np.int64) + pl.tracks.sm(0), t.lit(',"dur":0,"name":')
         else:
-            end = np.where(pair >= 0, pl.agg.blocks.end_ns[np.maximum(pair, 0)], recs["globaltimer"].astype(np.int64))
+            end = pl.window.of(pl.window.end_ns, pair, recs["globaltimer"].astype(np.int64))
             tid = pl.block_track_ids(recs, pair).astype(np.int64)
             dur = [t.lit(',"dur":'), t.ts_us(end - recs["globaltimer"].astype(np.int64)), t.lit(',"name":')]
         slot = recs["kernel_slot"]

@@ -479,7 +479,7 @@ class _Packets:
             return []
         k = np.flatnonzero(pair >= 0)
         track = self._block_track(recs[k], pair[k])
-        end = self.agg.blocks.end_ns[pair[k]].astype(np.uint64)
+        end = self.plan.window.end_ns[pair[k]].astype(np.uint64)
         te = [w.const(bytes([0x48, T_END])), w.varint(11, track)]
         pk = [w.varint(8, end), w.varint(10, self.dev_seq), w.msg(11, te), w.const(bytes([0x68, SEQ_NEEDS]))]
         parts, _ = w.encode_parts([w.msg(1, pk)], len(k))

@@ -17,6 +17,7 @@ import heapq
 import numpy as np
 
 from kvconv.check.reconcile.launches import short_name
+from kvconv.emit._blocks import BlockStream
 from kvconv.emit._canary import canary_steps
 from kvconv.emit._first_pass import Agg, event_keep
 from kvconv.emit._stream import EAGER, GRAPH_NODE, Ctx
@@ -165,27 +166,23 @@ class Plan:
         """Paired blocks (entry to exit) overlap on an SM (several blocks are resident at once): per SM, as many
         lanes as that takes; lane 0 is the SM's own track, lane k its k-th extra track (``sm_lane_tracks``)."""
         b = self.agg.blocks
-        self.block_lane = np.zeros(len(b) if b is not None else 0, np.int64)
         self.sm_extra: dict[int, int] = {}  # smid -> local id of its lane 1 (lanes 1.. are consecutive)
+        self.block_stream = BlockStream(self.c, b) if b is not None else None
+        self.window = None  # the paired blocks of the chunk being written
         if b is None:
             return
-        o = np.argsort(b.smid, kind="stable")
-        cut = np.flatnonzero(np.diff(b.smid[o])) + 1
-        for sel in np.split(o, cut):
-            if len(sel):
-                self.block_lane[sel] = lanes(b.start_ns[sel], b.end_ns[sel])
-                extra = int(self.block_lane[sel].max())
-                if extra:
-                    self.sm_extra[int(b.smid[sel[0]])] = self.tracks.take(extra)
+        for s in sorted(b.sm_lanes):
+            if b.sm_lanes[s] > 1:
+                self.sm_extra[int(s)] = self.tracks.take(b.sm_lanes[s] - 1)
 
     def paired(self, first: int, recs, dev_index, has):
         """With paired blocks: the pair of each event (-1: none), the exits that end a pair left out (their block's
         slice ends at them); else None and the events as they are."""
-        b = self.agg.blocks
-        if b is None or not len(recs):
+        if self.block_stream is None or not len(recs):
             return None, recs, dev_index, has
         di = first + np.arange(len(recs), dtype=np.int64) if dev_index is None else np.asarray(dev_index, np.int64)
-        pair, is_exit = b.in_chunk(di)
+        self.window = self.block_stream.window(di)
+        pair, is_exit = self.window.in_chunk(di)
         if is_exit.any():
             k = np.flatnonzero(~is_exit)
             recs, di, pair, has = recs[k], di[k], pair[k], (has[k] if has is not None else None)
@@ -193,7 +190,7 @@ class Plan:
 
     def block_track_ids(self, recs, pair) -> np.ndarray:
         """The local track id of each event of a chunk: its SM's (lane 0), or the lane of its block's slice."""
-        lane = np.where(pair >= 0, self.block_lane[np.maximum(pair, 0)], 0)
+        lane = self.window.of(self.window.lane, pair, 0)
         return self.block_tracks(recs["smid"].astype(np.int64), lane)
 
     def block_tracks(self, smid: np.ndarray, lane: np.ndarray) -> np.ndarray:
@@ -206,11 +203,10 @@ class Plan:
 
     def sm_lane_tracks(self, smid: int) -> list[int]:
         """The local ids of SM ``smid``'s extra lanes."""
-        b, first = self.agg.blocks, self.sm_extra.get(smid)
+        first = self.sm_extra.get(smid)
         if first is None:
             return []
-        n = int(self.block_lane[b.smid == smid].max())
-        return list(range(first, first + n))
+        return list(range(first, first + self.agg.blocks.sm_lanes[smid] - 1))
 
     def _kernel_slices(self) -> None:
         """Per timed launch (first block entry to last block exit): a slice on its graph exec's, or its stream's,
