@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import ROOT, load_script
 from test_scale_rss import _peak_rss
+
+from conftest import ROOT, load_script
 
 gen = load_script(ROOT / "bench" / "gendump.py")
 
