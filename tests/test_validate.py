@@ -1,6 +1,8 @@
 """validate: every problem reported (aggregated, with group, record, byte offset and field), exit codes 0/1/2."""
 
 import json
+import subprocess
+import sys
 
 import jsonschema
 import numpy as np
@@ -164,3 +166,16 @@ def test_clean_h200_captures_validate_without_warnings(dump_path):
     r = run_cli("validate", "--json", dump_path)
     assert r.returncode == 0, r.stderr
     assert "timer-backwards" not in r.stdout
+
+
+def test_validate_does_not_import_the_iri_grammar():
+    """jsonschema imports rfc3987_syntax when installed (HTA's dependencies install it), which builds a lark grammar:
+    3.3 s of CPU per `kvconv validate`. validate checks no formats, so it keeps jsonschema from loading it."""
+    pytest.importorskip("rfc3987_syntax")
+    code = ("import sys; from kvconv.check import validate; "
+            "r = validate.validate(sys.argv[1]); "
+            "print('rfc3987_syntax' in sys.modules, 'jsonschema' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "True"]
