@@ -68,7 +68,7 @@ class _Findings:
         self.more: dict[str, tuple[int, str]] = {}
         self.counts: dict[str, int] = defaultdict(int)
 
-    def add(self, code: str, message: str, *, group=None, record=None, offset=None, fld=None, severity="error"):
+    def report(self, code: str, message: str, *, group=None, record=None, offset=None, fld=None, severity="error"):
         self.counts[code] += 1
         if self.counts[code] <= MAX_NAMED:
             self.named.append(Finding(severity, code, message, path=self.path, group=group, record=record,
@@ -128,14 +128,14 @@ def _check_context(d, ctx, w: wj.WriteJoin, fs: _Findings, tot, res) -> None:
     tot["steps"] += len(steps)
     tot["caches"] += len(caches)
     if sw_group.drop_count:
-        fs.add("writes-dropped", f"context {ctx}: {sw_group.drop_count} stores found no room in the device write "
+        fs.report("writes-dropped", f"context {ctx}: {sw_group.drop_count} stores found no room in the device write "
                f"table: their slots may be missing here (record with a larger KVCONV_WRITE_CAPACITY)",
                group=d.groups.index(sw_group), fld="header.drop_count")
     step_idx = w.step_idx
     unattributed = int((step_idx < 0).sum())
     tot["writes_outside_steps"] += unattributed
     if unattributed:
-        fs.add("writes-unattributed", f"context {ctx}: {unattributed} slot-write records belong to no recorded step "
+        fs.report("writes-unattributed", f"context {ctx}: {unattributed} slot-write records belong to no recorded step "
                f"(no host launch record, or a launch outside every write_step window): not checked",
                group=d.groups.index(sw_group), severity="warning")
     gi = d.groups.index(sw_group)
@@ -161,19 +161,19 @@ def _check_record(w: wj.WriteJoin, i: int, names, cinfo, fs: _Findings, gi: int,
     off = w.group.record_offset(i)
     if st == wj.OUTSIDE:
         lo, hi = int(r["addr_lo"]), int(r["addr_hi"])
-        fs.add("writes-outside-cache", f"{where}: {int(r['stores'])} stores to [{lo:#x}, {hi:#x}) outside every "
+        fs.report("writes-outside-cache", f"{where}: {int(r['stores'])} stores to [{lo:#x}, {hi:#x}) outside every "
                f"registered cache: {_outside_where(lo, hi, w.caches)}{_row(steps, smap, si, r)}",
                group=gi, record=i, offset=off, fld="slot_write.addr_lo")
         return
     if st == wj.UNKNOWN_CACHE:
-        fs.add("writes-cache-id", f"{where}: cache id {int(r['cache_id'])} is not registered", group=gi, record=i,
+        fs.report("writes-cache-id", f"{where}: cache id {int(r['cache_id'])} is not registered", group=gi, record=i,
                offset=off + 40, fld="slot_write.cache_id")
         return
     slot, c = int(w.slot[i]), cinfo[int(r["cache_id"])]
     written[si][(int(r["cache_id"]), slot)].append(i)
     own = f", a slot of request {int(w.owner[i])} (mapped at step {int(w.owner_step[i])})" if w.has_owner[i] \
         else ", no request mapped it before"
-    fs.add("writes-unmapped-slot", f"{where}: cache {_name(c)!r} slot {slot} (page {int(r['page'])} offset "
+    fs.report("writes-unmapped-slot", f"{where}: cache {_name(c)!r} slot {slot} (page {int(r['page'])} offset "
            f"{int(r['offset'])}) is mapped by no token of the step{own}{_row(steps, smap, si, r)}",
            group=gi, record=i, offset=off + 32, fld="slot_write.page")
 
@@ -186,7 +186,7 @@ def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
         for slot, req in sorted(m["live"].items()):
             if (cid, slot) not in written:
                 missing += 1
-                fs.add("writes-missing-slot", f"context {ctx} step {st}: request {req}'s token at slot {slot} (page "
+                fs.report("writes-missing-slot", f"context {ctx} step {st}: request {req}'s token at slot {slot} (page "
                        f"{slot // int(c['page_size'])} offset {slot % int(c['page_size'])}) was not written in cache "
                        f"{_name(c)!r} (id {cid})")
     conflicts = 0
@@ -196,7 +196,7 @@ def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
         if len(blocks) > 1:
             conflicts += 1
             desc = ", ".join(f"gridid {b[0]} block ({b[2]},{b[3]},{b[4]})" for b in sorted(blocks))
-            fs.add("writes-slot-conflict", f"context {ctx} step {st}: cache {_name(cinfo[cid])!r} slot {slot} written "
+            fs.report("writes-slot-conflict", f"context {ctx} step {st}: cache {_name(cinfo[cid])!r} slot {slot} written "
                    f"by {len(blocks)} blocks: {desc}", group=gi, record=recs[0])
     res.steps.append({"context_id": ctx, "step": st, "tokens": int(steps[si]["map_count"]),
                       "slot_records": len(written), "missing_slots": missing, "conflicts": conflicts})
