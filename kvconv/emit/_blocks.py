@@ -82,21 +82,11 @@ class LaneStream:
     def _place(self, smid: int, s: np.ndarray, e: np.ndarray) -> np.ndarray:
         st = self.state.setdefault(smid, [[], [], 0])
         busy, free, n = st
-        out = np.zeros(len(s), np.int64)
         if (not busy or max(x[0] for x in busy) < s[0]) and bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
             # every lane free and no overlap: all on the lowest lane (what the loop below gives)
             st[0], st[1], st[2] = [(int(e.max()), 0)], list(range(1, n)), max(n, 1)
-            return out
-        for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
-            while busy and busy[0][0] < si:
-                heapq.heappush(free, heapq.heappop(busy)[1])
-            if free:
-                j = heapq.heappop(free)
-            else:
-                j, n = n, n + 1
-            out[k] = j
-            heapq.heappush(busy, (ei, j))
-        st[2] = n
+            return np.zeros(len(s), np.int64)
+        out, st[2] = place_lanes(s, e, busy, free, n)
         return out
 
 
@@ -253,3 +243,20 @@ class BlockStream:
         ix, end, lane = self.lanes.feed(sm, start, end, index, limit, *_waiting(self.pairer, self.bl.open_index))
         if len(ix):
             self.res.append((ix, end, lane))
+
+
+def place_lanes(s: np.ndarray, e: np.ndarray, busy: list, free: list, nlanes: int) -> tuple[np.ndarray, int]:
+    """Slices sorted by start, each on the lowest-numbered lane whose last slice ended before it starts (heaps:
+    O(n log n)). ``busy`` ((end, lane) of lanes in use) and ``free`` (lanes whose last slice ended) are updated in
+    place, so a caller can place a stream of slices batch by batch; returns the lanes and the new lane count."""
+    out = np.zeros(len(s), np.int64)
+    for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
+        while busy and busy[0][0] < si:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            j = heapq.heappop(free)
+        else:
+            j, nlanes = nlanes, nlanes + 1
+        out[k] = j
+        heapq.heappush(busy, (ei, j))
+    return out, nlanes

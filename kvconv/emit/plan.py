@@ -12,12 +12,10 @@ process.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from kvconv.check.reconcile.launches import short_name
-from kvconv.emit._blocks import BlockStream
+from kvconv.emit._blocks import BlockStream, place_lanes
 from kvconv.emit._canary import canary_steps
 from kvconv.emit._first_pass import Agg, event_keep
 from kvconv.emit._stream import EAGER, GRAPH_NODE, Ctx
@@ -94,22 +92,9 @@ def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     s, e = start[order], end[order]
     if bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
         return lane
-    # each slice takes the lowest-numbered lane whose last slice ended before it starts (heaps: O(n log n))
-    busy: list = []  # (end, lane) of lanes in use
-    free: list = []  # lanes whose last slice has ended
-    nlanes = 0
-    out = np.zeros(n, np.int64)
-    for k, (si, ei) in enumerate(zip(s.tolist(), e.tolist())):
-        while busy and busy[0][0] < si:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        if free:
-            j = heapq.heappop(free)
-        else:
-            j, nlanes = nlanes, nlanes + 1
-        out[k] = j
-        heapq.heappush(busy, (ei, j))
-    lane[order] = out
+    lane[order] = place_lanes(s, e, [], [], 0)[0]
     return lane
+
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray):
