@@ -26,6 +26,9 @@ static __device__ __forceinline__ unsigned int kv_smid() {
 // the cell is 0.
 static __device__ __forceinline__ unsigned long long kv_node_tag(const kvconv_dev_state* st, unsigned long long gid,
                                                                  unsigned long long fallback) {
+#ifdef KVCONV_PATCH_NOLOOKUP  // cost measurement only (bench/gpu_tracer_cost.py --variant): the tag from userdata
+  return fallback;
+#endif
   const unsigned long long table = __ldcg(&st->table);
   if (!table) return fallback;
   const kvconv_node_entry* t = reinterpret_cast<const kvconv_node_entry*>(table);
@@ -43,7 +46,12 @@ static __device__ __forceinline__ unsigned long long kv_node_tag(const kvconv_de
   return fallback;
 }
 
+// KVCONV_PATCH_NOOP / KVCONV_PATCH_NOLOOKUP: builds for cost measurement only (what the instrumentation call alone
+// costs, what the node-table lookup costs); never shipped, the dumps they write lack events or tags.
 static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata, uint64_t pc, unsigned char kind) {
+#ifdef KVCONV_PATCH_NOOP
+  return SANITIZER_PATCH_SUCCESS;
+#endif
   if (userdata == nullptr) return SANITIZER_PATCH_SUCCESS;
   if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0) return SANITIZER_PATCH_SUCCESS;
   const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);

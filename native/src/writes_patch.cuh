@@ -23,6 +23,9 @@ static __device__ __forceinline__ unsigned long long kv_mix(unsigned long long h
 // plain loads (L1 after the block's first store) find them.
 static __device__ __forceinline__ unsigned long long kv_store_tag(const kvconv_dev_state* st, unsigned long long gid,
                                                                   unsigned long long fallback) {
+#ifdef KVCONV_PATCH_NOLOOKUP  // cost measurement only (patch.cu)
+  return fallback;
+#endif
   const kvconv_node_entry* t = reinterpret_cast<const kvconv_node_entry*>(st->table);
   if (!t) return fallback;
   const unsigned long long mask = st->table_mask;
@@ -63,6 +66,9 @@ static __device__ __forceinline__ int kv_find_cache(const kvconv_writes_state* w
 extern "C" __device__ __noinline__ SanitizerPatchResult kvconv_mem_access(void* userdata, uint64_t pc, void* ptr,
                                                                          uint32_t size, uint32_t flags,
                                                                          const void* data) {
+#ifdef KVCONV_PATCH_NOOP  // cost measurement only (patch.cu): what the memory-access instrumentation alone costs
+  return SANITIZER_PATCH_SUCCESS;
+#endif
   if (userdata == nullptr || !(flags & SANITIZER_MEMORY_DEVICE_FLAG_WRITE)) return SANITIZER_PATCH_SUCCESS;
   const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);
   const kvconv_dev_state* st = reinterpret_cast<const kvconv_dev_state*>(u & KVCONV_STATE_MASK);
@@ -85,9 +91,18 @@ extern "C" __device__ __noinline__ SanitizerPatchResult kvconv_mem_access(void* 
   } else {
     where = a >> KVCONV_OUTSIDE_GRANULE_SHIFT;
   }
-  unsigned long long key = kv_mix(kv_mix(kv_mix(kv_mix(kv_mix(gid, tag), blockIdx.x), (unsigned long long)blockIdx.y << 32 |
-                                                                                           blockIdx.z),
-                                         cache_id), where);
+#ifdef KVCONV_WRITES_STOP_AFTER_FIND  // cost measurement only: up to the slot
+  if ((where ^ tag ^ cache_id) == 0x5EEDull) atomicAdd(&ws->drops, 0ull);  // keeps the computation
+  return SANITIZER_PATCH_SUCCESS;
+#endif
+  unsigned long long key = kv_mix(kv_mix(kv_mix(kv_mix(kv_mix(gid, tag), blockIdx.x),
+                                                (unsigned long long)blockIdx.y << 32 | blockIdx.z),
+                                         cache_id),
+                                  where);
+#ifdef KVCONV_WRITES_STOP_AFTER_KEY  // cost measurement only: up to the record's key
+  if (key == 0x5EEDull) atomicAdd(&ws->drops, 0ull);  // keeps the computation
+  return SANITIZER_PATCH_SUCCESS;
+#endif
   if (key == 0) key = 1;  // 0 marks an empty entry
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(ws->keys);
   const unsigned long long mask = ws->capacity - 1;
