@@ -8,6 +8,8 @@ launch records, show progress, and close it all.
 from __future__ import annotations
 
 import contextlib
+import pickle
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +18,9 @@ import numpy as np
 from kvconv.check.reconcile.exact import ExactJoin
 from kvconv.check.reconcile.launches import LaunchTable
 from kvconv.clock import of_dump
-from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Ctx, event_runs, heads
+from kvconv.emit._canary import canaries
+from kvconv.emit._first_pass import first_pass
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Ctx, event_runs, heads, release_groups
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
@@ -72,10 +76,15 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
         for di, d in enumerate(dumps):
             if options.verify_checksums:
                 for g in d.groups:
-                    if g.kind is not None and g.kind.name != "device_event" and not g.lost_records and not g.crc_ok():
+                    if g.kind is None or g.kind.name == "device_event" or g.lost_records:
+                        continue
+                    if not g.crc_ok():
                         raise FormatError("payload checksum does not match header.payload_crc32", path=d.path,
                                           group=g.index, offset=g.payload_offset, field="header.payload_crc32",
                                           code="payload-checksum", hint="the records are damaged")
+                    if d.size > RELEASE_BYTES:  # the pages just checked go back (host records grow with the run)
+                        dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset,
+                                              len(g.records) * int(g.header["record_size"]))
             meta = d.metadata()
             stem = _safe(Path(d.path).name.split(".")[0])
             run = stem if stem not in runs else f"{stem}-{di}"
@@ -89,17 +98,18 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
                     continue
                 clock = of_dump(d, ctx)
                 c = Ctx(serial=len(ctxs), dump=d, label=Path(d.path).name, run=run, context_id=ctx, device_id=dev,
-                        groups=groups, n_events=sum(len(g.records) for g in groups), host=LaunchTable.load(d, ctx),
+                        groups=groups, n_events=sum(len(g.records) for g in groups), host=None,
+                        n_host=sum(len(g.records) for k in ("graph_node", "eager_launch")
+                                   for g in d.groups_of(k, context_id=ctx)),
                         names=d.kernel_names(context_id=ctx), clock=clock,
                         device_drops=d.drops("device_event", context_id=ctx),
                         host_drops=d.drops("graph_node", context_id=ctx) + d.drops("eager_launch", context_id=ctx),
                         meta=meta)
-                if d.size > RELEASE_BYTES:  # the launch table holds copies: the records' pages can go
-                    release_groups(d, ("graph_node", "eager_launch"), ctx)
                 if not clock.n and c.n_events:
                     warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
                          "times and are not aligned with host records")
                 ctxs.append(c)
+            _load_tables(d, [c for c in ctxs if c.dump is d], options)
         t = time.perf_counter()
         _join(ctxs, options, warn)
         if timings is not None:
@@ -111,12 +121,17 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
     return dumps, ctxs
 
 
-def release_groups(d, kinds, ctx: int) -> None:
-    """Give the pages of a context's groups of ``kinds`` back (read again from the page cache if asked for)."""
-    for kind in kinds:
-        for g in d.groups_of(kind, context_id=ctx):
-            rs = int(g.header["record_size"])
-            dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)
+def _load_tables(d, cs: list[Ctx], options: EmitOptions) -> None:
+    """The launch table of each context of the dump ``d``, now, unless the dump is large and joined by the
+    streaming exact join alone: its contexts are lazy then (:meth:`Ctx.held` loads one context's at a time)."""
+    total = sum(c.n_events for c in cs)
+    streaming = options.reconcile == "never" or (options.reconcile == "auto" and total > options.reconcile_max_events)
+    for c in cs:
+        c.lazy = d.size > RELEASE_BYTES and streaming
+        if not c.lazy:
+            c.host = LaunchTable.load(d, c.context_id)
+            if d.size > RELEASE_BYTES:  # the launch table holds copies: the records' pages can go
+                release_groups(d, ("graph_node", "eager_launch"), c.context_id)
 
 
 def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
@@ -137,7 +152,7 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
         d = cs[0].dump
         total = sum(c.n_events for c in cs)
         for c in cs:
-            c.xjoin = ExactJoin(c.host) if c.host.n else None
+            c.xjoin = ExactJoin(c.host) if not c.lazy and c.host.n else None  # lazy: Ctx.held builds it
         use = rec is not None and options.reconcile != "never" and (
             options.reconcile == "always" or total <= options.reconcile_max_events)
         if use and options.reconcile == "auto":
@@ -214,3 +229,52 @@ def _probe(c: Ctx, options: EmitOptions) -> bool:
         c._runs = None
         return False
     return True
+
+
+class Spilled:
+    """A value put aside by :class:`Spill` (``kept``: the first pass's count of kept events, asked for before)."""
+
+    def __init__(self, f, at: int, kept: int) -> None:
+        self.f, self.at, self.kept = f, at, kept
+
+    def load(self):
+        self.f.seek(self.at)
+        return pickle.load(self.f)
+
+
+def first_passes(ctxs: list[Ctx], options: EmitOptions, bar) -> list:
+    """The first pass (:func:`first_pass`) of each context, its launch table held. A lazy context's aggregates
+    (memory that grows with its host records) are pickled into an unnamed temporary file and a :class:`Spilled`
+    stands for them until :class:`Plans` reads them back: one context's host state in memory at a time."""
+    aggs, f = [], None
+    for c in ctxs:
+        with c.held():
+            a = first_pass(c, options, bar)
+        if c.lazy:
+            f = f or tempfile.TemporaryFile(prefix="kvconv-")
+            at = f.seek(0, 2)
+            pickle.dump(a, f, protocol=pickle.HIGHEST_PROTOCOL)
+            a = Spilled(f, at, a.kept)
+        aggs.append(a)
+    return aggs
+
+
+class Plans:
+    """``make(ctx, agg, canary)`` of each context (its plan for one format), walked in context order as often as the
+    writer needs (descriptors of all, then each one's events). Contexts kept in memory are planned once; a lazy
+    context is planned again on each walk, inside :meth:`Ctx.held` (its launch table loaded, its aggregates read
+    back), and let go before the next: the plan is a function of them, so the same every time."""
+
+    def __init__(self, ctxs: list[Ctx], aggs: list, make, options: EmitOptions) -> None:
+        self.ctxs, self.aggs, self.make = ctxs, aggs, make
+        self.canary = canaries(ctxs)
+        self.join = options.replays is not None  # the second pass asks the join only for --replays
+        self.kept = [None if c.lazy else make(c, a, k) for c, a, k in zip(ctxs, aggs, self.canary)]
+
+    def __iter__(self):
+        for c, a, k, p in zip(self.ctxs, self.aggs, self.canary, self.kept):
+            if p is not None:
+                yield p
+                continue
+            with c.held(join=self.join):
+                yield self.make(c, a.load() if isinstance(a, Spilled) else a, k)

@@ -15,6 +15,7 @@ tracer dumps carry gridid and tag, and their events come in runs of one launch's
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import zlib
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ from kvconv._workers import worker
 from kvconv.check.reconcile.exact import ExactJoin
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.clock import Clock
+from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import FormatError
 
-__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads", "runs_of"]
+__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads",
+           "release_groups", "runs_of"]
 
 _EV_DT = layout.DTYPES["device_event"]
 SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
@@ -46,17 +49,18 @@ class Ctx:
     device_id: int
     groups: list
     n_events: int
-    host: LaunchTable
+    host: LaunchTable | None  # None while a lazy context's table is let go (outside :meth:`held`)
     names: dict[int, str]
     clock: Clock
     device_drops: int
     host_drops: int
     meta: dict
+    n_host: int = 0  # host launch records: the launch table's rows, whether it is loaded or not
+    lazy: bool = False  # the launch table and exact join are loaded by :meth:`held` only, and let go after it
     hid: np.ndarray | None = None  # per device event: host table row, -1 unmatched (reconcile mode)
-    replay_of_event: np.ndarray | None = None
     join: str = "none"
     reconcile_result: object = None
-    xjoin: "ExactJoin | None" = None  # the vectorised exact join (when reconcile's report is not needed)
+    xjoin: ExactJoin | None = None  # the vectorised exact join (when reconcile's report is not needed)
     _runs: dict | None = None  # first index -> (events, run starts, host row per run), from the join probe
     _matched: int = 0
     verified: bool = False  # a whole pass has checked every device-event group's checksum
@@ -64,6 +68,22 @@ class Ctx:
     @property
     def release(self) -> bool:
         return self.dump.size > RELEASE_BYTES
+
+    @contextlib.contextmanager
+    def held(self, *, join: bool = True):
+        """The context with its launch table (and, ``join``, its exact join) in memory for the block. A lazy
+        context (a large dump joined by the streaming exact join) loads them here and lets them go after, so that
+        the host state in memory is one context's whatever the number of contexts; others keep theirs."""
+        if not self.lazy or self.host is not None:
+            yield self
+            return
+        self.host = LaunchTable.load(self.dump, self.context_id)
+        release_groups(self.dump, ("graph_node", "eager_launch"), self.context_id)  # the table holds copies
+        self.xjoin = ExactJoin(self.host) if join and self.host.n else None
+        try:
+            yield self
+        finally:
+            self.host = self.xjoin = self._runs = None
 
     def kernel_name(self, slot: int) -> str:
         return self.names.get(int(slot), f"kernel slot {int(slot)}")
@@ -132,6 +152,14 @@ class Ctx:
         otherData, each Arrow table's metadata)."""
         return {"dump": self.label, "run": self.run, "context_id": self.context_id, "device_id": self.device_id,
                 **self.clock.bound()}
+
+
+def release_groups(d, kinds, ctx: int) -> None:
+    """Give the pages of a context's groups of ``kinds`` back (read again from the page cache if asked for)."""
+    for kind in kinds:
+        for g in d.groups_of(kind, context_id=ctx):
+            rs = int(g.header["record_size"])
+            dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)
 
 
 def _crc_after(buf, prev) -> int:

@@ -29,7 +29,10 @@ def warn_empty(ctxs: list, aggs: list, options: EmitOptions, warn) -> None:
         return
     if options.replays is not None:
         a, b = options.replays
-        ids = [c.host.launch_id[(c.host.kind == GRAPH_NODE) & c.host.shown] for c in ctxs]
+        ids = []
+        for c in ctxs:
+            with c.held(join=False) as c:
+                ids.append(c.host.launch_id[(c.host.kind == GRAPH_NODE) & c.host.shown])
         ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
         have = f"graph replays in the input: {int(ids.min())}..{int(ids.max())}" if len(ids) else \
             "the input has no graph replays"

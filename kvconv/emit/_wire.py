@@ -188,10 +188,6 @@ def _put_varint(mat: np.ndarray, a: int, v: np.ndarray, L: int) -> None:
             mat[:, a + 9] = v >> U64(63)
 
 
-def _scalar_len(ln, i0):
-    return int(ln if isinstance(ln, (int, np.integer)) else ln[i0])
-
-
 def _plan(node, i0: int, tmpl: bytearray, ops: list) -> None:
     """Lay out ``node`` for the rows sharing row ``i0``'s lengths: constant bytes go into ``tmpl``, the per-row
     fields into ``ops`` as ``(position, leaf, length)``."""
@@ -413,14 +409,6 @@ def encode_parts(children: list, n: int) -> tuple[list, np.ndarray | None]:
     return parts, order
 
 
-def layout_order(children: list, n: int) -> np.ndarray | None:
-    """The row order :func:`encode_parts` writes (None: input order). Encoding consecutive ranges of it one at a
-    time gives the same bytes as encoding all rows at once, so a large table can be encoded a batch at a time with
-    only its signatures in memory: rfixed64 values are not read here (a ``(n, 0)`` array will do)."""
-    g = _layout_groups(children, n) if n else None
-    return None if g is None else g[0]
-
-
 def _layout_groups(children: list, n: int):
     """Rows grouped by their layout signature (the tuple of varying lengths), in increasing signature order:
     ``(stable row order, group bounds in it)``; None when all rows share one layout."""
@@ -452,17 +440,44 @@ def _layout_groups(children: list, n: int):
 
 
 def encode_batched(fields, n: int, step: int = 1 << 16):
-    """The byte buffers of :func:`encode_parts` for ``n`` rows, yielded ``step`` rows at a time: ``fields(idx)`` gives
-    the field list of rows ``idx`` (an increasing index array, or a slice), ``fields(None)`` the one of all rows, only asked for
-    their layouts (:func:`layout_order`). The same bytes as one encoding of all rows; only a batch is held."""
+    """The byte buffers of :func:`encode_parts` for ``n`` rows, yielded ``step`` rows at a time: ``fields(idx, full)``
+    gives the field list of rows ``idx`` (an increasing index array, or a slice); with ``full`` False it is only asked
+    for the rows' layouts (rfixed64 values are not read: a ``(rows, 0)`` array will do). The same bytes as one encoding
+    of all rows; only a batch's fields are held, and a layout id per row (:func:`batched_order`)."""
     if not n:
         return
     if n <= step:  # one batch: no separate layout pass
-        parts, _ = encode_parts(fields(slice(0, n)), n)
+        parts, _ = encode_parts(fields(slice(0, n), True), n)
         yield from parts
         return
-    order = layout_order(fields(None), n)
+    order = batched_order(lambda i: fields(i, False), n, step)
     for a in range(0, n, step):
         idx = np.arange(a, min(n, a + step)) if order is None else np.sort(order[a : a + step])
-        parts, _ = encode_parts(fields(idx), len(idx))
+        parts, _ = encode_parts(fields(idx, True), len(idx))
         yield from parts
+
+
+def batched_order(fields, n: int, step: int) -> np.ndarray | None:
+    """The row order of one encoding of all ``n`` rows (encoded in that order, consecutive ranges of it one at a time give
+    the same bytes as one encoding of all rows), found a batch of ``step`` rows at a
+    time: each row's layout signature (:func:`_sig`) as a small id, the rows then sorted stably by signature.
+    Signatures compare as the whole encoding's radix keys do (the same lengths, in the same order; a length constant
+    over all rows does not change the order), so the order is the same; memory: an id per row, not the fields."""
+    ids = np.zeros(n, np.int32)
+    sigs: dict[tuple, int] = {}
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        children = fields(slice(a, b))
+        g = _layout_groups(children, b - a)
+        if g is None:
+            ids[a:b] = sigs.setdefault(tuple(_sig(children, 0, [])), len(sigs))
+            continue
+        order, bounds = g
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            rows = order[lo:hi]
+            ids[a + rows] = sigs.setdefault(tuple(_sig(children, int(rows[0]), [])), len(sigs))
+    if len(sigs) == 1:
+        return None
+    rank = np.empty(len(sigs), np.int32)
+    rank[[sigs[k] for k in sorted(sigs)]] = np.arange(len(sigs), dtype=np.int32)
+    return np.argsort(rank[ids], kind="stable")

@@ -150,7 +150,8 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
         warn_reconcile(ctxs, options, warn)
         with atomic_output(out, inputs=paths, directory=True, kind="arrow", force=options.force) as tmp:
             for c in ctxs:
-                _write_context(pa, c, Path(tmp), ext, options, bar, res)
+                with c.held():  # a large dump's contexts: one launch table in memory at a time
+                    _write_context(pa, c, Path(tmp), ext, options, bar, res)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     return res
 

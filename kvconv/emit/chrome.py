@@ -20,10 +20,10 @@ import numpy as np
 
 from kvconv.check.reconcile.launches import short_name
 from kvconv.emit import _text as t
-from kvconv.emit._canary import CanarySteps, canaries
-from kvconv.emit._contexts import emit_run, release_join
-from kvconv.emit._first_pass import first_pass, flow_id
-from kvconv.emit._stream import EAGER, GRAPH_NODE, SLICE
+from kvconv.emit._canary import CanarySteps
+from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
+from kvconv.emit._first_pass import flow_id
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, release_groups
 from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
@@ -184,20 +184,20 @@ class _Chrome:
         rows, start, end = pl.launch_spans()
         if not len(rows):
             return
-        dims = _block_dims(c, rows)
         us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
         names = [_j(c.kernel_name(s)) for s in us.tolist()]
         span = b"entry-exit" if pl.exits_recorded else b"entries"
         for a in range(0, len(rows), t.SLICE):
             r, k = rows[a : a + t.SLICE], slice(a, a + t.SLICE)
+            dims = _block_dims(c, r)
             yield from t.render_parts([
                 t.lit(b',\n{"ph":"X","cat":"kernel","pid":%d,"tid":' % self.pid), t.uint(pl.kernel_track[k]),
                 t.lit(',"ts":'), t.ts_us(c.clock.to_host(start[k].astype(np.uint64))), t.lit(',"dur":'),
                 t.ts_us(end[k] - start[k]), t.lit(',"name":'), t.choice(nid.reshape(-1)[k], names),
                 t.lit(b',"args":{"device":%d,"stream":' % c.device_id), t.uint(h.stream[r]),
                 t.lit(',"correlation":'), t.uint(h.grid_id[r]), t.lit(',"grid":['), t.uint(h.gx[r]), t.lit(","),
-                t.uint(h.gy[r]), t.lit(","), t.uint(h.gz[r]), t.lit('],"block":['), t.uint(dims[0][k]), t.lit(","),
-                t.uint(dims[1][k]), t.lit(","), t.uint(dims[2][k]), t.lit('],"blocks":'), t.uint(pl.agg.count[r]),
+                t.uint(h.gy[r]), t.lit(","), t.uint(h.gz[r]), t.lit('],"block":['), t.uint(dims[0]), t.lit(","),
+                t.uint(dims[1]), t.lit(","), t.uint(dims[2]), t.lit('],"blocks":'), t.uint(pl.agg.count[r]),
                 t.lit(b',"span":"%s"}}' % span)], len(r))
 
     def counters(self) -> list:
@@ -331,16 +331,16 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
     from kvconv.emit._verdict import warn_empty, warn_reconcile
 
     with emit_run(paths, out, options, warn, "chrome", passes=2) as (res, warn, paths, ctxs, bar):
-        aggs = [first_pass(c, options, bar) for c in ctxs]
+        aggs = first_passes(ctxs, options, bar)
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)
         release_join(ctxs, options)
-        est = sum(a.kept * EST_EVENT_BYTES + c.host.n * 200 for c, a in zip(ctxs, aggs))
+        est = sum(a.kept * EST_EVENT_BYTES + c.n_host * 200 for c, a in zip(ctxs, aggs))
         if est > options.ui_limit_bytes:
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
                  "FIRST:LAST, or the Perfetto format")
-        plans = [_Chrome(Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
+        plans = Plans(ctxs, aggs, lambda c, a, k: _Chrome(Plan(c, a, options, canary=k)), options)
         other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
                  "dump's clock-sync pairs", "alignment": [c.alignment() for c in ctxs]}
         head = {"displayTimeUnit": "ns", "otherData": other, "schemaVersion": 1}
@@ -355,6 +355,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             for ch in plans:
                 for b in ch.meta():
                     f.write(b)
+                ch = None  # a lazy context's plan goes before the next one's is made (Plans)
             for ch in plans:
                 for b in ch.host():
                     f.write(b)
@@ -370,6 +371,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                     bar(len(recs))
                 res.host_records += len(ch.pl.host_rows)
                 res.join.append(ch.c.join)
+                ch = None
             f.write(b"\n]}\n")
             f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
             res.bytes_written = raw.tell()
@@ -396,4 +398,6 @@ def _block_dims(c, rows: np.ndarray) -> tuple:
             idx = h.index[rows[sel]]
             for k, f in enumerate(("block_dim_x", "block_dim_y", "block_dim_z")):
                 out[k][sel] = recs[f][idx]
+    if c.dump.size > RELEASE_BYTES:  # the records' pages just read go back (the launch table holds the rest)
+        release_groups(c.dump, ("graph_node", "eager_launch"), c.context_id)
     return tuple(out)

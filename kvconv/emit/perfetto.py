@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvconv.emit import _wire as w
-from kvconv.emit._canary import CanarySteps, canaries
-from kvconv.emit._contexts import emit_run, release_join
-from kvconv.emit._first_pass import first_pass, flow_id
+from kvconv.emit._canary import CanarySteps
+from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
+from kvconv.emit._first_pass import flow_id
 from kvconv.emit._stream import GRAPH_NODE, SLICE
 from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
@@ -45,7 +45,7 @@ DEV_ANN = ("block_x", "replay", "blocks")
 WRITE_ANN = ("cache", "page", "offset", "slot", "request", "slot_owner", "write", "step", "writes")
 HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
 EST_EVENT_BYTES = 40
-HOST_BATCH = 1 << 20  # host records x flows encoded at a time
+HOST_BATCH = 1 << 18  # host records x flows encoded at a time
 
 
 def _pb():
@@ -152,18 +152,17 @@ class _Packets:
                 self.slot_lut[s] = self.dev_names(c.kernel_name(s))
         else:
             self.slot_map = {s: self.dev_names(c.kernel_name(s)) for s in slots.tolist()}
-        iids = np.array([self.dev_names(n) for n in pl.node_names], np.uint64)
-        self.node_name_iid = iids[pl.node_name_ix] if len(iids) else np.zeros(len(pl.node_rows), np.uint64)
+        # per distinct name its iid; per row only the plan's index of its name (looked up a batch at a time)
+        self.node_iids = np.array([self.dev_names(n) for n in pl.node_names] or [0], np.uint64)
         self.replay_name_iid = np.array([self.dev_names(n) for n in pl.replay_names], np.uint64)
-        kiid = np.array([self.dev_names(n) for n in pl.kernel_names], np.uint64) \
-            if pl.kernel_names and pl.exits_recorded else None
-        self.kernel_name_iid = kiid[pl.kernel_name_ix] if kiid is not None else np.zeros(0, np.uint64)
+        self.kernel_iids = np.array([self.dev_names(n) for n in pl.kernel_names], np.uint64) \
+            if pl.exits_recorded and pl.kernel_names else None
         hs = pl.host_rows
-        self.host_name_iid = np.zeros(len(hs), np.uint64)
+        self.host_slots, self.host_slot_iids = np.zeros(0, h.kernel_slot.dtype), np.zeros(0, np.uint64)
         if len(hs):
-            us, inv = np.unique(h.kernel_slot[hs], return_inverse=True)
-            self.host_name_iid = np.array([self.host_names(c.kernel_name(s)) for s in us.tolist()],
-                                          np.uint64)[inv.reshape(-1)]
+            self.host_slots = np.unique(h.kernel_slot[hs])
+            self.host_slot_iids = np.array([self.host_names(c.kernel_name(s)) for s in self.host_slots.tolist()],
+                                           np.uint64)
         self._intern_writes()
 
     def _intern_writes(self) -> None:
@@ -294,12 +293,11 @@ class _Packets:
 
     def host_packets(self):
         """The host launch instants, with the flows they start: yields byte buffers, a batch of records at a time
-        (in the order one encoding of all records gives, :func:`_wire.layout_order`), so that only a batch's flow
-        ids and bytes are held."""
+        (in the order one encoding of all records gives, :func:`_wire.encode_batched`), so that only a batch's
+        flow ids and bytes are held."""
         rows, flows = self.host_rows, self.agg.flows
-        yield from w.encode_batched(lambda i: self._host_fields(rows, None) if i is None else
-                                    self._host_fields(rows[i], flows), len(rows),
-                                    max(1, HOST_BATCH // max(1, self.opt.flows)))
+        yield from w.encode_batched(lambda i, full: self._host_fields(rows[i], flows if full else None), len(rows),
+                                    max(1, min(1 << 16, HOST_BATCH // max(1, self.opt.flows))))
 
     def _host_fields(self, rows: np.ndarray, flows) -> list:
         """The fields of the host records ``rows`` (``flows`` None: flow ids left out, only their count)."""
@@ -324,7 +322,7 @@ class _Packets:
             ann(5, agg.count[rows].astype(np.uint64)),
             ann(6, h.index[rows].astype(np.uint64)),
             w.const(bytes([0x48, T_INSTANT])),
-            w.varint(10, self.host_name_iid[np.searchsorted(self.host_rows, rows)]),
+            w.varint(10, self.host_slot_iids[np.searchsorted(self.host_slots, h.kernel_slot[rows])]),
             w.varint(11, track),
             w.rfixed64(47, fids, cnt),
         ]
@@ -333,38 +331,46 @@ class _Packets:
 
     def slice_packets(self):
         """Node executions and replays as slices (yielded, a batch at a time)."""
-        agg, u = self.agg, self.u
-        rows = self.plan.node_rows
+        agg, u, pl = self.agg, self.u, self.plan
+        rows = pl.node_rows
         h = self.c.host
         if len(rows):
-            st, en = agg.first_ts[rows].astype(np.uint64), agg.last_ts[rows].astype(np.uint64)
-            track = u.exec_nodes(self.plan.node_exec, self.plan.node_lane)
-            yield from self._slices(st, en, track, self.node_name_iid,
-                                    [(2, h.launch_id[rows].astype(np.uint64)), (3, agg.count[rows].astype(np.uint64))])
-        if self.plan.replays:
-            r = np.array([(x[2], x[3]) for x in self.plan.replays], np.uint64)
-            st, en = r[:, 0].astype(np.uint64), r[:, 1].astype(np.uint64)
-            track = u.exec_replays(self.plan.replay_exec, self.plan.replay_lane)
-            yield from self._slices(st, en, track, self.replay_name_iid,
-                                    [(2, np.array([x[1] for x in self.plan.replays], np.uint64))])
+            def nodes(i):
+                r = rows[i]
+                return (agg.first_ts[r], agg.last_ts[r], u.exec_nodes(pl.node_exec[i], pl.node_lane[i]),
+                        self.node_iids[pl.node_name_ix[i]], [(2, h.launch_id[r]), (3, agg.count[r])])
 
-    def _slices(self, st, en, track, name_iid, anns):
-        """Begin packets (instants where a slice starts and ends at once), then end packets."""
-        def begins(i):
-            i = slice(None) if i is None else i
-            typ = np.where(st[i] == en[i], T_INSTANT, T_BEGIN).astype(np.uint64)
-            te = [w.msg(4, [w.const(bytes([0x08, k])), w.varint(3, v[i])]) for k, v in anns]
-            te += [w.varint(9, typ), w.varint(10, name_iid[i]), w.varint(11, track[i])]
-            return [w.msg(1, [w.varint(8, st[i]), w.varint(10, self.dev_seq), w.msg(11, te),
+            yield from self._slices(len(rows), nodes)
+        if pl.replays:
+            r = np.array([(x[2], x[3]) for x in pl.replays], np.uint64)
+            track = u.exec_replays(pl.replay_exec, pl.replay_lane)
+            lid = np.array([x[1] for x in pl.replays], np.uint64)
+            yield from self._slices(len(r), lambda i: (r[i, 0], r[i, 1], track[i], self.replay_name_iid[i],
+                                                       [(2, lid[i])]))
+
+    def _slices(self, n: int, cols):
+        """Begin packets (instants where a slice starts and ends at once), then end packets, of ``n`` slices;
+        ``cols(i)`` gives ``(start, end, track uuid, name iid, [(annotation iid, values)])`` of the slices ``i`` (a
+        batch at a time: nothing per slice is held but the indices of those that end)."""
+        def begins(i, full=True):
+            st, en, track, name_iid, anns = cols(i)
+            typ = np.where(st == en, T_INSTANT, T_BEGIN).astype(np.uint64)
+            te = [w.msg(4, [w.const(bytes([0x08, k])), w.varint(3, v)]) for k, v in anns]
+            te += [w.varint(9, typ), w.varint(10, name_iid), w.varint(11, track)]
+            return [w.msg(1, [w.varint(8, st), w.varint(10, self.dev_seq), w.msg(11, te),
                               w.const(bytes([0x68, SEQ_NEEDS]))])]
 
-        yield from w.encode_batched(begins, len(st))
-        ends = np.flatnonzero(st != en)
+        yield from w.encode_batched(begins, n)
+        ends = []
+        for a in range(0, n, 1 << 16):
+            st, en = cols(slice(a, min(n, a + (1 << 16))))[:2]
+            ends.append(np.flatnonzero(st != en) + a)
+        ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
 
-        def finish(i):
-            e = ends if i is None else ends[i]
-            te = [w.const(bytes([0x48, T_END])), w.varint(11, track[e])]
-            return [w.msg(1, [w.varint(8, en[e]), w.varint(10, self.dev_seq), w.msg(11, te),
+        def finish(i, full=True):
+            _, en, track, _, _ = cols(ends[i])
+            te = [w.const(bytes([0x48, T_END])), w.varint(11, track)]
+            return [w.msg(1, [w.varint(8, en), w.varint(10, self.dev_seq), w.msg(11, te),
                               w.const(bytes([0x68, SEQ_NEEDS]))])]
 
         yield from w.encode_batched(finish, len(ends))
@@ -489,17 +495,21 @@ class _Packets:
         """The kernel slices (first block entry to last block exit of each timed launch), yielded a batch at a
         time."""
         pl, h = self.plan, self.c.host
-        rows = pl.kernel_rows
-        if not len(rows) or not pl.exits_recorded:
+        if not pl.exits_recorded or not len(pl.kernel_rows):
             return
-        yield from self._slices(pl.kernel_start.astype(np.uint64), pl.kernel_end.astype(np.uint64),
-                                self.u(pl.kernel_track), self.kernel_name_iid,
-                                [(2, np.where(h.kind[rows] == GRAPH_NODE, h.launch_id[rows], 0).astype(np.uint64)),
-                                 (3, self.agg.count[rows].astype(np.uint64))])
+        rows = pl.kernel_rows
+
+        def cols(i):
+            r = rows[i]
+            return (pl.kernel_start[i].astype(np.uint64), pl.kernel_end[i].astype(np.uint64),
+                    self.u(pl.kernel_track[i]), self.kernel_iids[pl.kernel_name_ix[i]],
+                    [(2, np.where(h.kind[r] == GRAPH_NODE, h.launch_id[r], 0)), (3, self.agg.count[r])])
+
+        yield from self._slices(len(rows), cols)
 
 
 def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
-    return sum(a.kept * EST_EVENT_BYTES + c.host.n * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
+    return sum(a.kept * EST_EVENT_BYTES + c.n_host * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
 
 
 def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
@@ -509,7 +519,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
 
     with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
         pb = _pb()
-        aggs = [first_pass(c, options, bar) for c in ctxs]
+        aggs = first_passes(ctxs, options, bar)
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)
         release_join(ctxs, options)
@@ -518,7 +528,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
                  "--replays FIRST:LAST, or open it with trace_processor --httpd")
-        plans = [_Packets(Plan(c, a, options, canary=k)) for c, a, k in zip(ctxs, aggs, canaries(ctxs))]
+        plans = Plans(ctxs, aggs, lambda c, a, k: _Packets(Plan(c, a, options, canary=k)), options)
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
@@ -527,6 +537,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
             for pl in plans:
                 for b in pl.descriptors(pb):
                     f.write(b)
+                pl = None  # a lazy context's plan goes before the next one's is made (Plans)
             for pl in plans:
                 c = pl.c
                 dev_clock = DEVICE_CLOCK if c.clock.n else HOST_CLOCK
@@ -554,6 +565,7 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                 res.host_records += len(pl.host_rows)
                 res.alignment.append(c.alignment())
                 res.join.append(c.join)
+                pl = None
             f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
             res.bytes_written = raw.tell()
     return res

@@ -120,7 +120,7 @@ def _per_exec_lanes(ex_of: np.ndarray, n_exec: int, st: np.ndarray, en: np.ndarr
         if len(sel):
             lane[sel] = lanes(st[sel], en[sel])
             count[j] = int(lane[sel].max()) + 1
-    return lane, count
+    return lane.astype(np.int32), count
 
 
 class Plan:
@@ -145,7 +145,17 @@ class Plan:
         self.host_rows = np.flatnonzero(shown)
         self.canary = canary if canary is not None else canary_steps(c.dump).get(c.context_id)
         self._block_lanes()
-        self._kernel_slices()
+
+    # the kernel slices are planned when first asked for (Perfetto draws them only where exits are recorded): what
+    # they take per launch is not held otherwise; their tracks' ids come after every other's either way
+    _KERNEL = frozenset({"kernel_rows", "kernel_start", "kernel_end", "kernel_track", "kernel_lanes", "kernel_tracks",
+                         "kernel_names", "kernel_name_ix"})
+
+    def __getattr__(self, name: str):
+        if name in Plan._KERNEL and "c" in self.__dict__:
+            self._kernel_slices()
+            return self.__dict__[name]
+        raise AttributeError(name)
 
     def _block_lanes(self) -> None:
         """Paired blocks (entry to exit) overlap on an SM (several blocks are resident at once): per SM, as many
@@ -247,18 +257,19 @@ class Plan:
         """Node executions (graph-node rows with matched events): their exec, lane and name."""
         agg, h = self.agg, self.c.host
         self.node_rows = rows
-        self.node_exec = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows]).astype(np.int64)
+        # per node execution: i4 columns (what the plan keeps grows with the host records)
+        self.node_exec = np.searchsorted(np.array(self.execs, np.uint64), h.graph_exec[rows]).astype(np.int32)
         self.node_lane, self.node_lanes = _per_exec_lanes(self.node_exec, len(self.execs), agg.first_ts[rows],
                                                           agg.last_ts[rows])
         self.node_names: list[str] = []  # "node <ordinal> · <kernel>", one per distinct (ordinal, kernel slot)
-        self.node_name_ix = np.zeros(len(rows), np.int64)
+        self.node_name_ix = np.zeros(len(rows), np.int32)
         if len(rows):
             po, ps = h.node_ordinal[rows].astype(np.int64), h.kernel_slot[rows].astype(np.int64)
             _, firsts, inv = unique_pairs(po, ps)
             up = np.stack([po[firsts], ps[firsts]], 1)
             short = {s: short_name(self.c.kernel_name(s)) for s in np.unique(up[:, 1]).tolist()}
             self.node_names = [f"node {o} · {short[s]}" for o, s in up.tolist()]
-            self.node_name_ix = inv.reshape(-1)
+            self.node_name_ix = inv.reshape(-1).astype(np.int32)
 
     def _replay_slices(self) -> None:
         """Replay slices per (exec, launch id): from the first to the last block of its node executions."""
