@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from _timing import best, quietness  # noqa: E402
 
 from kvconv.check import reconcile  # noqa: E402
-from kvconv.format import dump
+from kvconv.format import dump  # noqa: E402
 
 
 def _synth():
@@ -52,20 +52,19 @@ def main() -> None:
         print(f"baseline (argsort sequence + copy events): {base * 1e3:8.1f} ms")
         for join, p in paths.items():
             with dump.open(p) as d:
-                res = None
-
-                def go():
-                    nonlocal res
-                    res = reconcile.reconcile(d, options=reconcile.ReconcileOptions(join=join))
-
-                t = best(3, go)[0]
-                matched = int((res.matches["host_index"] >= 0).sum())
-                print(f"reconcile --join {join:<7}: {t * 1e3:8.1f} ms  = {t / base:5.1f} x baseline  "
-                      f"({matched:,} matched, ok={res.ok}; {res.agreement_line()})")
-                opts = reconcile.ReconcileOptions(join=join)
-                t = best(3, lambda: reconcile.reconcile(d, options=opts, tables=False))[0]
-                print(f"  report only (the CLI: tables=False): {t * 1e3:8.1f} ms  = {t / base:5.1f} x baseline")
+                _time_join(d, join, base)
     print(quietness("end"))
+
+
+def _time_join(d, join: str, base: float) -> None:
+    """One join timed as the library runs it (with the matches table) and as the CLI does (report only)."""
+    opts = reconcile.ReconcileOptions(join=join)
+    t, _, res = best(3, reconcile.reconcile, d, options=opts)
+    matched = int((res.matches["host_index"] >= 0).sum())
+    print(f"reconcile --join {join:<7}: {t * 1e3:8.1f} ms  = {t / base:5.1f} x baseline  "
+          f"({matched:,} matched, ok={res.ok}; {res.agreement_line()})")
+    t = best(3, reconcile.reconcile, d, options=opts, tables=False)[0]
+    print(f"  report only (the CLI: tables=False): {t * 1e3:8.1f} ms  = {t / base:5.1f} x baseline")
 
 
 if __name__ == "__main__":

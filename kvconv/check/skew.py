@@ -6,9 +6,9 @@ paired by their position (first replay with first replay). A replay's start is i
 (``%globaltimer``, reconcile's ``timing.per_replay[].first_ns``), moved to the host's CLOCK_MONOTONIC through the
 context's own clock-sync pairs (the same piecewise mapping as the emitters: the nearest earlier pair). Skew is the
 start on each context minus the start on the first one; the same is given for the replay's last node entry, which
-in a tensor-parallel graph comes after the collectives that hold the ranks together. Its error bound is the sum of the two contexts' alignment
-bounds (pair uncertainty + drift between pairs). Host clocks of different machines are unrelated: dumps whose
-``metadata.hostname`` differ get no skew, only a note.
+in a tensor-parallel graph comes after the collectives that hold the ranks together. Its error bound is the sum of
+the two contexts' alignment bounds (pair uncertainty + drift between pairs). Host clocks of different machines
+are unrelated: dumps whose ``metadata.hostname`` differ get no skew, only a note.
 
     >>> from kvconv.format import dump                                # doctest: +SKIP
     >>> from kvconv.check import reconcile, skew                      # doctest: +SKIP
@@ -65,7 +65,8 @@ def _stats(v: np.ndarray) -> dict:
 def _one_exec(group: list[dict]) -> dict:
     ref = group[0]
     entry = {"members": [{k: m[k] for k in ("path", "context_id", "device_id", "graph_exec", "replays")}
-                         for m in group], "per_replay": [], "skew_ns": [], "last_node_skew_ns": [], "bound_ns": None, "note": None}
+                         for m in group],
+             "per_replay": [], "skew_ns": [], "last_node_skew_ns": [], "bound_ns": None, "note": None}
     hosts = {m["hostname"] for m in group}
     if len(hosts) > 1:
         entry["note"] = "dumps from different hosts: their host clocks are unrelated, no skew computed"

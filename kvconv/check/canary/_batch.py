@@ -92,7 +92,7 @@ def source(d, ctx: int) -> Source:
     return Source(ctx, pages, d.strings(context_id=ctx), mm, pg[0].payload_offset if len(pg) == 1 else None)
 
 
-def release(b: "Batch") -> None:
+def release(b: Batch) -> None:
     """The batch's records and the page lists they referenced, once copied out (everything a Batch holds is)."""
     sp, src = b.span, b.span.src
     if src.mm is None:

@@ -92,7 +92,8 @@ def _pages(o: _Out) -> None:
             pages = vals[offs[i] : offs[i + 1]]
             n = len(pages)
             noun = f"page{'s' if n != 1 else ''}" if which == "unexpected" else f"expected page{'s' if n != 1 else ''}"
-            o.add(i, order, "error", code, fld, f"{o.label(i)}: {n} {noun} {what}: {describe_pages(pages, int(spp[i]))}")
+            pages_text = describe_pages(pages, int(spp[i]))
+            o.add(i, order, "error", code, fld, f"{o.label(i)}: {n} {noun} {what}: {pages_text}")
 
 
 def findings(b: Batch, path: str) -> list[Finding]:

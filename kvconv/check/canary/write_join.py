@@ -57,12 +57,6 @@ class WriteJoin:
     def __len__(self) -> int:
         return len(self.records)
 
-    def cache_name(self, cache_id: int) -> str | None:
-        for c in self.caches:
-            if int(c["cache_id"]) == int(cache_id):
-                return name(c)
-        return None
-
     def step_number(self) -> np.ndarray:
         """u8 the step number of each write (valid where ``step_idx >= 0``)."""
         if not len(self.steps):

@@ -196,8 +196,8 @@ def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
         if len(blocks) > 1:
             conflicts += 1
             desc = ", ".join(f"gridid {b[0]} block ({b[2]},{b[3]},{b[4]})" for b in sorted(blocks))
-            fs.report("writes-slot-conflict", f"context {ctx} step {st}: cache {_name(cinfo[cid])!r} slot {slot} written "
-                   f"by {len(blocks)} blocks: {desc}", group=gi, record=recs[0])
+            fs.report("writes-slot-conflict", f"context {ctx} step {st}: cache {_name(cinfo[cid])!r} slot {slot} "
+                      f"written by {len(blocks)} blocks: {desc}", group=gi, record=recs[0])
     res.steps.append({"context_id": ctx, "step": st, "tokens": int(steps[si]["map_count"]),
                       "slot_records": len(written), "missing_slots": missing, "conflicts": conflicts})
 
@@ -222,6 +222,7 @@ def report_text(res: WritesResult) -> str:
              f"{s['missing_slots']} mapped slots never written, {s['outside_writes']} "
              f"writes outside every cache, {s['slot_conflicts']} slots written by two blocks"]
     lines += [f.line() for f in res.findings]
-    lines.append({"ok": "ok", "failed": "FAILED",
-                  "nothing-checked": "NOTHING CHECKED (no slot_write records or steps; see docs/CANARY.md)"}[res.verdict])
+    verdicts = {"ok": "ok", "failed": "FAILED",
+                "nothing-checked": "NOTHING CHECKED (no slot_write records or steps; see docs/CANARY.md)"}
+    lines.append(verdicts[res.verdict])
     return "\n".join(lines)

@@ -82,9 +82,9 @@ from kvconv.check.reconcile.report import (
 )
 from kvconv.check.reconcile.stream import ContextStream
 from kvconv.check.reconcile.tally import tally_match
-from kvconv.format.dump import release_heap
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
+from kvconv.memory import release_heap
 
 JOIN_NAMES = {JOIN_NONE: "none", JOIN_EXACT: "exact", JOIN_ORDERED: "ordered"}
 JOINS = ("auto", "exact", "ordered")
@@ -249,13 +249,16 @@ class Reconciler:
         return sum(len(g.records) for g in self.d.groups_of("device_event", context_id=ctx))
 
     def stream(self, ctx: int) -> ContextStream:
-        t = LaunchTable.load(self.d, ctx)  # gives the host records' pages back on large dumps
+        # lean: the columns only the report needs are read at close, once the pass's own state is gone (the host
+        # state is what grows with the dump); the table gives the host records' pages back on large dumps
+        t = LaunchTable.load(self.d, ctx, lean=not self.tables)
         nh = int((~t.upload).sum())
-        s = ContextStream(t, ExactJoin(t) if nh and self.options.join != "ordered" else None, ctx=ctx,
-                          n_events=self.n_events(ctx), tables=self.tables)
+        ordered = self.options.join == "ordered"  # the pass only counts the events: no join, no table to fill
+        s = ContextStream(t, ExactJoin(t) if nh and not ordered else None, ctx=ctx, n_events=self.n_events(ctx),
+                          tables=self.tables and not ordered)
         if s.xj is not None:
             s.dur = LaunchDurations(t, s.xj, enters=False)  # the entries: the tally's earliest per launch
-        if self.options.join == "ordered":
+        if ordered:
             s.stop()  # the ordered join needs the events in memory: the pass only counts them
         self._streams[ctx] = s
         release_heap()  # the table's and the join's build temporaries
@@ -269,6 +272,8 @@ class Reconciler:
             s.xj = None  # the pass is over: the join's lookup tables are not needed by the report
             if s.dur is not None:
                 s.dur.xj = None  # (the durations looked launches up with it during the pass only)
+            release_heap()
+            s.t = s.t.complete(self.d, ctx)
         out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables,
                                 launches=self.launches)
         if s is not None:
@@ -399,7 +404,8 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
     rep = {"context_id": int(ctx), "device_id": int(dev), "join": j.mode, "join_note": j.note,
            "agreement": agreement, "device": device_section(n_all, tally, agreement, drops),
            "host": host_section(t, drops), "blocks": blocks_section(t, counts, j.ordered, names, tally.n),
-           "problem_launches": problem_launches(t, counts, names), "ambiguous_runs": ambiguous_runs(t, j.ordered, names),
+           "problem_launches": problem_launches(t, counts, names),
+           "ambiguous_runs": ambiguous_runs(t, j.ordered, names),
            "graph_execs": graph_reports}
     if j.mode == "ordered" and j.ordered is not None:
         rep["ordered"] = dict(j.ordered.info)

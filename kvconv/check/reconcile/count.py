@@ -20,26 +20,21 @@ from kvconv.check.reconcile.tally import Tally
 
 @dataclass(frozen=True)
 class Counts:
-    recorded: np.ndarray  # per row: events matched
-    distinct: np.ndarray  # per row: distinct in-grid blocks among them
-    outside: np.ndarray
-    dupblk: np.ndarray
+    """What the count stage adds to the join's per-launch reductions (``tally``: events recorded per row, distinct
+    in-grid blocks, outside the grid, repeated, first and last entry)."""
+
+    tally: Tally
     missing: np.ndarray  # per row (0 inside ambiguous runs: counted per run)
     unattributed: int  # events counted neither in a launch nor in an ambiguous run
-    tally: Tally  # the join's per-launch reductions these counts come from
-
-    @property
-    def first_ns(self) -> np.ndarray:
-        """Earliest matched entry per row (0 if none), built when asked."""
-        return self.tally.first_ns
 
 
 def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
                  strict_coverage: bool) -> Counts:
-    """``tally``: the join's per-launch reductions (:mod:`kvconv.check.reconcile.tally`); ``o``: the ordered join's extras
+    """``tally``: the join's per-launch reductions (:mod:`kvconv.check.reconcile.tally`); ``o``: the ordered join's
+    extras
     (:class:`kvconv.check.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered join's regions
     name their first event), or None."""
-    recorded, distinct, outside, dupblk = tally.recorded, tally.distinct, tally.outside, tally.dupblk
+    distinct = tally.distinct
     exp = _Expected(t)
     in_region = o.in_region if o is not None else np.zeros(t.n, bool)
     missing = t.grid - distinct  # in place from here: one array per host row, no expected-blocks copy
@@ -65,8 +60,7 @@ def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drop
     regions = o.regions if o is not None else []
     _region_findings(t, regions, ev, drops, names, notes)
     in_runs = sum(r["unattributed_events"] for r in regions)
-    return Counts(recorded=recorded, distinct=distinct, outside=outside, dupblk=dupblk, tally=tally,
-                  missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
+    return Counts(tally=tally, missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
 
 
 class _Expected:
@@ -141,7 +135,8 @@ def _region_finding(t, r: dict, ev, drops: Drops, names, notes: Notes) -> None:
               f"ordered join: {what}: {r['expected_blocks']:,} expected blocks, {r['device_events']:,} device "
               f"events, {abs(d_):,} {'missing' if d_ >= 0 else 'extra'}; {drops.loss()}, so the ordered join cannot "
               f"tell which of these launches {'lost' if d_ >= 0 else 'gained'} them "
-              f"({r['unattributed_events']:,} events unattributed)", kind=kind_name(t, first), index=int(t.index[first]))
+              f"({r['unattributed_events']:,} events unattributed)", kind=kind_name(t, first),
+              index=int(t.index[first]))
 
 
 def check_ordered_against_gridid(ev: Events, t: LaunchTable, match: Match, notes: Notes) -> int:

@@ -92,12 +92,12 @@ class BlockPairer:
     def open(self) -> int:
         return len(self.pending["t"]) if self.pending is not None else 0
 
-    def feed(self, base: int, recs: np.ndarray) -> Pairs:
-        kind = recs["kind"]
-        ex = kind == BLOCK_EXIT
+    def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None) -> Pairs:
+        """``kind``: the chunk's kind column when the caller has it already (contiguous: one read of the records)."""
+        kind = recs["kind"] if kind is None else kind
         if self.pending is None:
-            if not bool(ex.any()):
-                self._hold(base, recs)
+            if not bool((kind == BLOCK_EXIT).any()):
+                self.hold_back(base, recs, int(np.count_nonzero(kind == BLOCK_ENTER)))
                 return _empty_pairs()
             # the first exit: the entries held back open the pairing (their exits are in this chunk or later)
             self.pending = _columns(recs, np.zeros(0, np.int64), base)
@@ -105,21 +105,22 @@ class BlockPairer:
                 self._open(b, r)
             self.held.clear()
             self.held_enters.clear()
-        return self._open(base, recs)
+        return self._open(base, recs, kind)
 
-    def _hold(self, base: int, recs: np.ndarray) -> None:
+    def hold_back(self, base: int, recs: np.ndarray, enters: int) -> None:
+        """A chunk without exits (``enters``: its block entries) while no exit has come yet: held back."""
         # entries counted now, while the chunk is read: a chunk let go later may have had its pages given back
         # (kvconv.format.dump.release_pages), and reading it then would fault the whole file back in
         self.held.append((base, recs))
-        self.held_enters.append(int(np.count_nonzero(recs["kind"] == BLOCK_ENTER)))
+        self.held_enters.append(enters)
         self.held_n += len(recs)
         while self.held_n - len(self.held[0][1]) >= self.hold:
             _, r = self.held.popleft()
             self.held_n -= len(r)
             self.skipped += self.held_enters.popleft()
 
-    def _open(self, base: int, recs: np.ndarray) -> Pairs:
-        kind = recs["kind"]
+    def _open(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None) -> Pairs:
+        kind = recs["kind"] if kind is None else kind
         cur = _columns(recs, np.flatnonzero((kind == BLOCK_EXIT) | (kind == BLOCK_ENTER)), base)
         c = {k: np.concatenate([self.pending[k], cur[k]]) for k in cur}
         return self._pair(c)
@@ -171,7 +172,6 @@ class Durations:
     end_ns: np.ndarray  # i8 latest attributed block exit (_I64.min: none)
     exits: np.ndarray  # i8 exit events attributed to the row
     blocks: np.ndarray  # i8 blocks paired (entry and exit)
-    block_ns_sum: np.ndarray  # i8 their durations summed
     block_ns_max: np.ndarray  # i8 the longest (0: none)
     exit_events: int  # in the context
     unattributed_exits: int  # exits no launch row takes (no gridid, unknown gridid/tag)
@@ -198,22 +198,28 @@ class LaunchDurations:
     def __init__(self, t: LaunchTable, xj, *, enters: bool = True) -> None:
         self.n, self.xj, self.enters = t.n, xj, enters
         self.start = np.full(t.n, _I64.max, np.int64) if enters else None
-        self.end = self.exits = self.blocks = self.bsum = self.bmax = None  # per row, from the first exit on
+        self.end = self.exits = self.blocks = self.bmax = None  # per row, from the first exit on
         self.n_exit = self.unattributed = 0
         self.pairer = BlockPairer()
 
     def _alloc(self) -> None:
         self.end = np.full(self.n, _I64.min, np.int64)
-        self.exits, self.blocks, self.bsum, self.bmax = (np.zeros(self.n, np.int64) for _ in range(4))
+        self.exits, self.blocks, self.bmax = (np.zeros(self.n, np.int64) for _ in range(3))
 
     def _rows(self, gid, tag, flags) -> np.ndarray:
         if self.xj is None or not len(gid):
             return np.full(len(gid), -1, np.int64)
         return self.xj.lookup(gid, tag, flags, np.full(len(gid), BLOCK_ENTER, np.uint8))
 
-    def feed(self, base: int, recs: np.ndarray) -> Pairs:
-        """One chunk of the context's device events; returns its paired blocks (attributed by :meth:`rows_of`)."""
-        kind = recs["kind"]
+    def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None, *,
+             enters_only: bool = False) -> Pairs:
+        """One chunk of the context's device events; returns its paired blocks (attributed by :meth:`rows_of`).
+        ``kind``: the chunk's kind column when the caller has it already; ``enters_only``: the caller found every
+        event of the chunk a block entry (an enter-only dump then costs no pass here)."""
+        if enters_only and not self.enters and self.pairer.pending is None:
+            self.pairer.hold_back(base, recs, len(recs))
+            return _empty_pairs()
+        kind = recs["kind"] if kind is None else kind
         ex = np.flatnonzero(kind == BLOCK_EXIT)
         if self.enters:
             en = np.flatnonzero(kind == BLOCK_ENTER)
@@ -229,13 +235,12 @@ class LaunchDurations:
             self.unattributed += int((~ok).sum())
             np.maximum.at(self.end, r[ok], recs["globaltimer"][ex[ok]].astype(np.int64))
             np.add.at(self.exits, r[ok], 1)
-        p = self.pairer.feed(base, recs)
+        p = self.pairer.feed(base, recs, kind)
         if len(p):  # (pairs come only after an exit: the per-row arrays exist)
             r = self.rows_of(p)
             ok = r >= 0
             d = p.end_ns[ok] - p.start_ns[ok]
             np.add.at(self.blocks, r[ok], 1)
-            np.add.at(self.bsum, r[ok], d)
             np.maximum.at(self.bmax, r[ok], d)
         return p
 
@@ -248,7 +253,7 @@ class LaunchDurations:
         if self.end is None:
             self._alloc()
         return Durations(start_ns=start, end_ns=self.end, exits=self.exits, blocks=self.blocks,
-                         block_ns_sum=self.bsum, block_ns_max=self.bmax, exit_events=self.n_exit,
+                         block_ns_max=self.bmax, exit_events=self.n_exit,
                          unattributed_exits=self.unattributed, open_entries=self.pairer.open if self.n_exit else 0,
                          orphan_exits=self.pairer.orphans)
 

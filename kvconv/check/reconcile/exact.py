@@ -37,7 +37,7 @@ class Match:
     ordinal: np.ndarray  # i4 node ordinal, -1 none
 
     @classmethod
-    def empty(cls, n: int) -> "Match":
+    def empty(cls, n: int) -> Match:
         return cls(host=np.full(n, -1, np.int64), kind=np.zeros(n, np.uint16), replay=np.zeros(n, np.uint64),
                    join=np.zeros(n, np.uint8), window=np.full(n, -1, np.int64), exec=np.zeros(n, np.uint64),
                    ordinal=np.full(n, -1, np.int32))
@@ -164,8 +164,14 @@ def runs(gid, tag, flags) -> np.ndarray:
     n = len(gid)
     if not n:
         return np.zeros(0, np.int64)
-    chg = (gid[1:] != gid[:-1]) | (tag[1:] != tag[:-1]) | (flags[1:] != flags[:-1])
-    return np.r_[0, np.flatnonzero(chg) + 1].astype(np.int64)
+    chg = gid[1:] != gid[:-1]
+    chg |= tag[1:] != tag[:-1]
+    chg |= flags[1:] != flags[:-1]
+    out = np.empty(int(np.count_nonzero(chg)) + 1, np.int64)
+    out[0] = 0
+    out[1:] = np.flatnonzero(chg)
+    out[1:] += 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,7 @@ class Unmatched:
     tmax: np.ndarray
 
     @classmethod
-    def merge(cls, parts: list) -> "Unmatched":
+    def merge(cls, parts: list) -> Unmatched:
         """Parts in sequence order (each already reduced) as one: the first part's first event wins."""
         cols = {f: np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__}
         return _reduce(cols)[0]

@@ -75,19 +75,18 @@ def _node_findings(notes: Notes, gname: str, replays, nodes, ordmap, cnt, unstab
 
 def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> GraphExec:
     exec_h = int(t.graph_exec[idx[0]])
-    nodes, nid = np.unique(t.node[idx], return_inverse=True)
-    nid = nid.reshape(-1)
-    replays, rid = np.unique(t.launch_id[idx], return_inverse=True)
-    rid = rid.reshape(-1)
-    N, R = len(nodes), len(replays)
-    cnt = np.bincount(rid * N + nid, minlength=R * N).reshape(R, N)
-    best = int(np.argmax((cnt > 0).sum(axis=1)))  # the reference replay: the first holding the most nodes
     ords = t.node_ordinal[idx]
-    ordmap = np.empty(N, np.int32)
-    ordmap[nid] = ords
+    nodes, nid, ordmap = _nodes(t.node[idx], ords)
+    replays, rid = sorted_codes(t.launch_id[idx])
+    N, R = len(nodes), len(replays)
+    key = rid * N + nid
+    cnt = np.bincount(key, minlength=R * N).reshape(R, N)
+    best = int(np.argmax((cnt > 0).sum(axis=1)))  # the reference replay: the first holding the most nodes
     # stable order: within each replay, first occurrences of nodes have increasing ordinals
-    _, first_pos = np.unique(rid.astype(np.int64) * N + nid, return_index=True)
-    first_pos = np.sort(first_pos)
+    first = np.full(R * N, len(idx), np.int64)
+    np.minimum.at(first, key, np.arange(len(idx)))
+    first_pos = np.sort(first[first < len(idx)])
+    del key, first
     fr, fo = rid[first_pos], ords[first_pos]
     bad = (fr[1:] == fr[:-1]) & (fo[1:] <= fo[:-1])
     unstable = sorted({int(replays[r]) for r in fr[1:][bad]})
@@ -114,6 +113,39 @@ def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> Gr
     return GraphExec(exec=exec_h, rows=idx, nodes=nodes, ordmap=ordmap, report=report)
 
 
+def sorted_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``, without a sort when ``values`` come in order (a graph's replays
+    in its rows' (replay, record) order)."""
+    if len(values) < 2 or bool(np.all(values[1:] >= values[:-1])):
+        new = np.empty(len(values), bool)
+        new[:1] = True
+        np.not_equal(values[1:], values[:-1], out=new[1:])
+        return values[new], np.cumsum(new) - 1
+    u, inv = np.unique(values, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
+def _nodes(handles: np.ndarray, ords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A graph's node handles (sorted), each record's index into them and each node's ordinal, from the records'
+    node ordinals (a node's ordinal is its own within its graph exec: 0..N-1, :func:`launches.node_ordinals`)."""
+    n_ord = int(ords.max()) + 1 if len(ords) else 0
+    seen = np.zeros(n_ord, bool)
+    if len(ords) and int(ords.min()) >= 0:
+        seen[ords] = True
+    by_ord = np.zeros(n_ord, handles.dtype)
+    if not bool(seen.all()) or not len(ords):  # not the ordinals 0..N-1 of these nodes: the sort
+        nodes, nid = np.unique(handles, return_inverse=True)
+        nid = nid.reshape(-1)
+        ordmap = np.empty(len(nodes), np.int32)
+        ordmap[nid] = ords
+        return nodes, nid, ordmap
+    by_ord[ords] = handles
+    ordmap = np.argsort(by_ord, kind="stable").astype(np.int32)  # node (sorted handles) -> ordinal
+    rank = np.empty(n_ord, np.int64)
+    rank[ordmap] = np.arange(n_ord)
+    return by_ord[ordmap], rank[ords], ordmap
+
+
 def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
     """Each graph exec's report, host side and device side, from the join's per-launch reductions (count, first
     and last entry) and the graph-node events attributed to a replay without a launch, reduced per (graph exec,
@@ -133,7 +165,7 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
         # a graph's rows hold no upload and live none of the duplicates: their grids are the expected blocks
         dev = {"expected_executions": int(len(live)), "expected_blocks": int(t.grid[live].sum()),
                "device_events": int(cnt[rows].sum()) + n_lo, "matched_events": int(cnt[rows].sum()),
-               "device_replays": [int(r) for r in np.unique(np.r_[t.launch_id[rows], lrep])],
+               "device_replays": [int(r) for r in _replays(t.launch_id[rows], lrep)],
                "node_attribution": bool((lord >= 0).all())}
         timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
         if len(rows) or lo:
@@ -144,6 +176,13 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
         dev["timing"] = timing
         out.append({**g.report, **dev})
     return out
+
+
+def _replays(launch_ids: np.ndarray, loose: np.ndarray) -> np.ndarray:
+    """The replays device events came from: a graph's rows in replay order, the loose ones (rare) merged in."""
+    if not len(loose):
+        return sorted_codes(launch_ids)[0]
+    return np.unique(np.r_[launch_ids, loose])
 
 
 def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, ordn: np.ndarray) -> dict:

@@ -1,18 +1,18 @@
 """The launch table: every host launch record of one context as one set of columns, shared by reconcile and the
 emitters (one table, one dedup, one node order, one exact join over it: :mod:`kvconv.check.reconcile.exact`).
 
-    >>> t = LaunchTable.load(d, ctx)                  # doctest: +SKIP
-    >>> t.kind[t.report_order][:3], t.dup.sum()       # eager launches first when reported
+    >>> t = LaunchTable.load(d, ctx)                      # doctest: +SKIP
+    >>> t.kind[t.in_order(~t.upload)][:3], t.dup.sum()   # eager launches first when reported
 
 Rows: the context's graph-node records (graph uploads included, flagged: they are not launches), then its eager
-launches, each in record order. ``report_order`` lists the rows as reconcile reports them (eager launches, then graph
-nodes); ``rank`` is a row's place in it (ties in host time are broken by it, and the first of duplicated records wins
-by it).
+launches, each in record order. Reconcile reports rows in report order (eager launches, then graph nodes:
+``in_order``); ``rank`` is a row's place in it (ties in host time are broken by it, and the first of duplicated
+records wins by it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,7 +28,7 @@ class LaunchTable:
     n_gn: int  # graph-node rows come first
     kind: np.ndarray  # u1: GRAPH_NODE or EAGER
     index: np.ndarray  # i4 (i8 beyond 2^31 rows): index into d.records(kind, context_id=ctx)
-    host_ns: np.ndarray
+    host_ns: np.ndarray | None  # (the LATE columns: None in a lean table until complete)
     graph_exec: np.ndarray
     launch_id: np.ndarray
     node: np.ndarray
@@ -65,20 +65,20 @@ class LaunchTable:
 
     @property
     def rank(self) -> np.ndarray:
-        """Place of each row in ``report_order``."""
+        """Place of each row in report order (eager launches, then graph nodes)."""
         return np.where(self.kind == EAGER, self.index, (self.n - self.n_gn) + self.index)
-
-    @property
-    def report_order(self) -> np.ndarray:
-        return np.r_[np.arange(self.n_gn, self.n), np.arange(self.n_gn)].astype(np.int64)
 
     def in_order(self, mask: np.ndarray) -> np.ndarray:
         """Rows where ``mask`` holds, in report order."""
-        # report_order's rows where mask holds, without building report_order: eager rows, then graph-node rows
+        # eager rows, then graph-node rows, each in row order: no permutation of all rows is built
         return np.r_[np.flatnonzero(mask[self.n_gn:]) + self.n_gn, np.flatnonzero(mask[: self.n_gn])].astype(np.int64)
 
     @classmethod
-    def load(cls, d, ctx: int) -> "LaunchTable":
+    def load(cls, d, ctx: int, *, lean: bool = False) -> LaunchTable:
+        """The table of a context's host records. ``lean``: without the columns (``LATE``: 40 bytes a row) that
+        only the report needs, not the pass over the device events (the exact join, the tally, validate's grids):
+        :meth:`complete` reads them once the pass is over, when its own state is gone (the state held during the
+        pass is what grows with the dump: issue 13)."""
         c, n_gn, n_el = _columns(d, ctx)
         # narrow columns: the host state is the one that grows with the dump (issue 13: 10 GiB in <= 512 MiB)
         kind = np.empty(n_gn + n_el, np.uint8)
@@ -95,12 +95,21 @@ class LaunchTable:
         ordn = np.full(n_gn + n_el, -1, np.int32)
         ordn[:n_gn] = node_ordinals({f: c[f][:n_gn] for f in ("flags", "graph_exec", "launch_id", "node")})
         dup = _duplicates(kind, index, upload, c)
+        if lean:
+            c.update(dict.fromkeys(LATE))
         return cls(n_gn=n_gn, kind=kind, index=index, gx=gx, gy=gy, gz=gz, grid=grid, upload=upload, dup=dup,
                    node_ordinal=ordn, **c)
+
+    def complete(self, d, ctx: int) -> LaunchTable:
+        """The table with every column (a table loaded ``lean`` reads the others now)."""
+        if self.host_ns is not None:
+            return self
+        return replace(self, **_columns(d, ctx, LATE)[0])
 
 
 _FIELDS = ("host_ns", "graph_exec", "launch_id", "node", "grid_id", "stream", "kernel_slot", "flags", "tag",
            "grid_x", "grid_y", "grid_z")
+LATE = ("host_ns", "graph_exec", "launch_id", "node", "stream")  # the columns a lean table reads after the pass
 _HOST_DTYPE = layout.DTYPES["host_launch"]
 _CHUNK = 1 << 16  # records copied into the columns at a time
 _NARROW = {"flags": np.uint8}  # every launch_flags bit lies in the low byte (validate reports any other bit)

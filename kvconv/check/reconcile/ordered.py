@@ -85,13 +85,13 @@ def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: N
     wend_of = np.searchsorted(win, win, side="right") - 1
     a_raw = p + s_lo
     in_a = (a_raw >= 0) & (a_raw < E) & ~surplus
-    la = np.minimum(np.searchsorted(C, np.clip(a_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
+    la = _launch_at(C, a_raw, E)
     if s_hi == s_lo:  # one placement (no drops): the same launches under both offsets
         b_raw, in_b, lb = a_raw, in_a, la
     else:
         b_raw = p + s_hi
         in_b = (b_raw >= 0) & (b_raw < E) & ~surplus
-        lb = np.minimum(np.searchsorted(C, np.clip(b_raw, 0, max(E - 1, 0)), side="right"), nL - 1)
+        lb = _launch_at(C, b_raw, E)
     wa, wb = wstart_of[la], wend_of[lb]
     exact_node = in_a & in_b & (wa == wb)  # one launch, single-launch window
     win_only = in_a & in_b & ~exact_node & (win[la] == win[lb])
@@ -113,6 +113,19 @@ def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: N
     order_pos[order] = np.arange(nL)
     return Ordered(match=m, order=order, order_pos=order_pos, regions=regions, in_region=in_region, info=info,
                    coverage_late=late, surplus_alt=alt, note=_note(t, order, late, drops, delta))
+
+
+def _launch_at(C: np.ndarray, block: np.ndarray, E: int) -> np.ndarray:
+    """The launch (place in host order) holding each host block ``block`` (clipped to 0 .. E-1), ``C``: the launches'
+    cumulative block counts. Events come in sequence order, so ``block`` normally never decreases: then each
+    launch's first event is looked up (launches are far fewer than events) instead of each event's launch."""
+    nL = len(C)
+    v = np.clip(block, 0, max(E - 1, 0))
+    if len(v) > 1 and not bool(np.all(v[1:] >= v[:-1])):
+        return np.minimum(np.searchsorted(C, v, side="right"), nL - 1)
+    first = np.searchsorted(v, C, side="left")  # events before each launch's end
+    la = np.repeat(np.arange(nL + 1, dtype=np.int64), np.diff(first, prepend=0, append=len(v)))
+    return np.minimum(la, nL - 1, out=la)
 
 
 def _attribute_windows(t, m: Match, order, win, la, wa, wb, win_only) -> None:

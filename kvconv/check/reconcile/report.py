@@ -141,12 +141,12 @@ def _launch_ref(t, names, hh, **more) -> dict:
 def blocks_section(t: LaunchTable, counts, o, names: dict, n_ev: int) -> dict:
     regions = o.regions if o is not None else []
     counted = ~(t.dup | t.upload)
-    extra = counts.outside + counts.dupblk
+    extra = counts.tally.outside + counts.tally.dupblk
     first_missing = None
     for hh in t.in_order(counts.missing > 0)[:1]:
         first_missing = {"host_kind": kind_name(t, hh), "host_index": int(t.index[hh]),
                          "expected_blocks": int(t.grid[hh]) if counted[hh] else 0,
-                         "recorded_blocks": int(counts.distinct[hh]),
+                         "recorded_blocks": int(counts.tally.distinct[hh]),
                          "missing_blocks": int(counts.missing[hh]), "description": launch_name(t, names, hh)}
     return {"expected": int(np.sum(t.grid, where=counted)), "recorded": int(n_ev),
             "missing": int(counts.missing.sum()) + sum(max(r["expected_blocks"] - r["device_events"], 0)
@@ -158,9 +158,9 @@ def blocks_section(t: LaunchTable, counts, o, names: dict, n_ev: int) -> dict:
 
 
 def problem_launches(t: LaunchTable, counts, names: dict, limit: int = 1000) -> list:
-    extra = counts.outside + counts.dupblk
-    return [_launch_ref(t, names, hh, expected_blocks=int(t.grid[hh]), recorded_blocks=int(counts.recorded[hh]),
-                        distinct_blocks=int(counts.distinct[hh]), missing_blocks=int(counts.missing[hh]),
+    extra = counts.tally.outside + counts.tally.dupblk
+    return [_launch_ref(t, names, hh, expected_blocks=int(t.grid[hh]), recorded_blocks=int(counts.tally.recorded[hh]),
+                        distinct_blocks=int(counts.tally.distinct[hh]), missing_blocks=int(counts.missing[hh]),
                         extra_blocks=int(extra[hh]), duplicate_record=bool(t.dup[hh]), replay=int(t.replay[hh]),
                         node_ordinal=int(t.node_ordinal[hh]))
             for hh in t.in_order((counts.missing > 0) | (extra > 0) | t.dup)[:limit]]
@@ -217,11 +217,11 @@ def launch_table(ctx: int, t: LaunchTable, counts, o) -> np.ndarray:
     for name, col in (("host_kind", t.kind), ("host_index", t.index), ("kernel_slot", t.kernel_slot),
                       ("graph_exec", t.graph_exec), ("replay", t.replay), ("node", t.node),
                       ("node_ordinal", t.node_ordinal), ("grid_id", t.grid_id), ("stream", t.stream),
-                      ("host_ns", t.host_ns), ("expected_blocks", t.grid), ("first_ns", counts.first_ns),
+                      ("host_ns", t.host_ns), ("expected_blocks", t.grid), ("first_ns", counts.tally.first_ns),
                       ("duplicate", t.dup)):
         lt[name] = col[rows]
-    lt["recorded_blocks"] = np.where(in_region, -1, counts.recorded[rows])
-    lt["distinct_blocks"] = np.where(in_region, -1, counts.distinct[rows])
+    lt["recorded_blocks"] = np.where(in_region, -1, counts.tally.recorded[rows])
+    lt["distinct_blocks"] = np.where(in_region, -1, counts.tally.distinct[rows])
     return lt
 
 

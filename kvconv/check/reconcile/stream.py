@@ -45,15 +45,17 @@ class ContextStream:
             self.matches["device_index"] = np.arange(n_events)
             self.replay, self.ordinal = t.replay, t.node_ordinal
 
-    def feed(self, base: int, recs: np.ndarray) -> None:
-        """The next chunk of the context's device events (``base``: the index of ``recs[0]``)."""
+    def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None) -> None:
+        """The next chunk of the context's device events (``base``: the index of ``recs[0]``; ``kind``: its kind
+        column, when the caller read it already)."""
         self.n_all += len(recs)
+        if kind is None and (self.dur is not None or self.in_order):
+            kind = recs["kind"]
+        be = kind == BLOCK_ENTER if kind is not None else None
         if self.dur is not None:  # exits and block pairs: order-independent, kept when the pass gives up
-            self.dur.feed(base, recs)
+            self.dur.feed(base, recs, kind, enters_only=bool(be.all()))
         if not self.in_order or not len(recs):
             return
-        kind = recs["kind"]
-        be = kind == BLOCK_ENTER
         if bool(be.all()):
             sub, idx = recs, np.arange(base, base + len(recs), dtype=np.int64)
         else:
@@ -81,13 +83,14 @@ class ContextStream:
         self.any_gid = self.any_gid or n_gid > 0
         self.lacking += len(sub) - n_gid
         starts = runs(gid, tag, flags)
-        lens = np.diff(np.r_[starts, len(sub)])
+        lens = np.diff(starts, append=len(sub))
         if self.xj is not None and n_gid:
             rows = self.xj.lookup(gid[starts], tag[starts], flags[starts], np.full(len(starts), BLOCK_ENTER, np.uint8))
         else:
             rows = np.full(len(starts), -1, np.int64)
         ok = rows >= 0
-        x, y, z, tt = sub["block_x"], sub["block_y"], sub["block_z"], sub["globaltimer"]
+        x, tt = sub["block_x"], sub["globaltimer"]
+        y, z = sub["block_y"], sub["block_z"]
         if self.matches is not None:
             self._fill(idx, rows, lens)
         if bool(ok.all()):
@@ -151,7 +154,7 @@ class ContextStream:
         if self.matches is None or not attributed or not self.un_events:
             return
         idx, gid, tag = (np.concatenate([e[i] for e in self.un_events]) for i in range(3))
-        for k, ex, r, ordn in attributed:
+        for k, _ex, r, ordn in attributed:
             sel = idx[(gid == u.gid[k]) & (tag == u.tag[k])]
             mt = self.matches
             mt["host_kind"][sel], mt["replay"][sel], mt["join"][sel] = GRAPH_NODE, r, JOIN_EXACT

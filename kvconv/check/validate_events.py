@@ -1,0 +1,364 @@
+"""validate's checks of the device events, in one pass over each event group, chunk by chunk: the payload checksum
+(in the CRC worker), enums, flags, kernel slots, blockIdx against its launch's grid, sequence and %globaltimer order;
+the reconciler's streaming pass takes each chunk too (one read of the file), and checked chunks' pages go back.
+
+    >>> grids = _grid_tables(d, ctx)                                                        # doctest: +SKIP
+    >>> _check_device_events(view, c, slots, grids, feed=stream.feed, pages=_Pages(d, None))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvconv._workers import worker
+from kvconv.check._collect import RELEASE_BYTES, Lookup, _bits_mask, _Collector, _enum_values, _known
+from kvconv.check.validate_records import _crc_finding
+from kvconv.format import dump as dumpmod
+from kvconv.format import layout
+
+EV_CHUNK = 1 << 15  # 2 MiB of events: every check of a chunk runs while it is in cache
+
+
+_EV = layout.LAYOUTS["device_event"]
+
+
+def _check_device_events(d, c: _Collector, kernel_slots: set[int] | None, grids, *, feed=None,
+                         pages: _Pages | None = None) -> None:
+    """One pass over each event group, chunk by chunk: checksum, enums, flags, kernel slots, blockIdx against its
+    launch's grid, and sequence/timer order (events sit at the slot their sequence reserved, so a dump is normally
+    in sequence order; anything else falls back to a sort). ``feed(first, records, kind)``: the reconciler's
+    streaming pass takes each chunk too (one read of the file); ``pages``: gives each chunk's pages back once checked
+    and summed, and reports progress."""
+    checks = _EventChecks(kernel_slots, grids)
+    ctx_base = 0
+    for g in d.groups_of("device_event"):
+        # The checksum runs in a second thread while this one checks the records (zlib releases the GIL), chunk by
+        # chunk, so that a checked and summed chunk's pages can be given back.
+        crc = _ChunkCrc(g) if not g.lost_records and not g.live else None
+        order = _SequenceOrder()
+        for base, ev in g.chunks(EV_CHUNK):
+            if crc is not None:
+                crc.add(ev)
+            kind = ev["kind"]  # (the reconciler's pass compares it too: handed over, not read again)
+            if feed is not None:
+                feed(ctx_base + base, ev, kind)
+            checks.chunk(c, g, ev, base, kind)
+            order.add(ev, base)
+            if pages is not None:
+                pages.done(g, base, len(ev), crc)
+        if pages is not None:
+            pages.flush(crc)
+        ctx_base += len(g.records)
+        if crc is not None and not crc.ok():
+            _crc_finding(c, g)
+        if not len(g.records):
+            continue
+        if order.in_order:
+            s0 = int(g.records["sequence"][0])
+            order.timer.report(c, g, lambda i: i)
+            if g.drop_count == 0 and s0 != 0:
+                c.add("warning", "sequence-start", f"sequences start at {s0}, not 0, with no drops recorded",
+                      group=g.index, record=0, offset=g.record_offset(0) + _EV.field("sequence").offset,
+                      field="device_event.sequence")
+        else:
+            _check_sequence_unordered(g, c)
+
+
+_AXES = (("block_x", "grid_x"), ("block_y", "grid_y"), ("block_z", "grid_z"))
+
+
+class _EventChecks:
+    """The per-record checks of a chunk of device events (one context: its kernel slots and launch grids)."""
+
+    def __init__(self, kernel_slots: set[int] | None, grids) -> None:
+        self.kind_ok = np.zeros(256, dtype=bool)
+        self.kind_ok[_enum_values("event_kind")] = True
+        self.known = Lookup(_known(kernel_slots)) if kernel_slots is not None else None
+        self.fmask = ~np.uint8(_bits_mask("event_flags"))
+        self.has_gid = np.uint8(layout.ENUMS["event_flags"]["has_gridid"])
+        self.grids = None
+        if grids is not None:  # look-up tables built once per context, not per chunk
+            gids, gdims, slots, sdims = grids
+            self.grids = (Lookup(gids), gdims, Lookup(slots), sdims)
+
+    def chunk(self, c: _Collector, g: dumpmod.Group, ev: np.ndarray, base: int, kind: np.ndarray) -> None:
+        c.mask("error", "bad-enum", "event kind is not a known kind", g, ~self.kind_ok[kind], "kind", base, kind)
+        flags = ev["flags"]
+        c.mask("error", "bad-flags", "unknown flag bits set", g, (flags & self.fmask) != 0, "flags", base, flags)
+        slot = ev["kernel_slot"]
+        if self.known is not None:
+            c.mask("error", "unknown-kernel-slot", "kernel slot is missing from the kernel table", g,
+                   ~self.known(slot)[1], "kernel_slot", base, slot)
+        if self.grids is not None and len(ev) and self._any_outside(ev, flags, slot):
+            c.mask("error", "block-outside-grid", "blockIdx lies outside the grid of its launch", g,
+                   self._outside(ev, flags, slot), "block_x", base, ev["block_x"])
+
+    def _any_outside(self, ev: np.ndarray, flags: np.ndarray, slot: np.ndarray) -> bool:
+        """Whether :meth:`_outside` finds any event, per run of events of one launch (one look-up and one maximum
+        per axis per run: a launch's blocks come in a run) instead of per event."""
+        gids, gdims, slots, sdims = self.grids
+        exact = (flags & self.has_gid) != 0
+        gid = ev["gridid"]
+        chg = gid[1:] != gid[:-1]
+        chg |= slot[1:] != slot[:-1]
+        chg |= exact[1:] != exact[:-1]
+        st = np.empty(int(np.count_nonzero(chg)) + 1, np.int64)
+        st[0] = 0
+        st[1:] = np.flatnonzero(chg)
+        st[1:] += 1
+        ex = exact[st]
+        pos_g, found_g = gids(gid[st])
+        pos_s, found_s = slots(slot[st])
+        use = np.where(ex, found_g, found_s)
+        if not bool(use.any()):
+            return False
+        bad = np.zeros(len(st), dtype=bool)
+        for b, dim in _AXES:
+            bad |= np.maximum.reduceat(ev[b], st) >= np.where(ex, gdims[dim][pos_g], sdims[dim][pos_s])
+        return bool((bad & use).any())
+
+    def _outside(self, ev: np.ndarray, flags: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """blockIdx outside the grid: of its own launch (events with %gridid), else of the largest grid of any
+        launch of its kernel slot."""
+        gids, gdims, slots, sdims = self.grids
+        exact = (flags & self.has_gid) != 0
+        n_exact = int(np.count_nonzero(exact))
+        bad = np.zeros(len(ev), dtype=bool)
+        if n_exact:
+            pos_g, found_g = gids(ev["gridid"])
+            use_g = exact & found_g
+            for b, dim in _AXES:
+                bad |= use_g & (ev[b] >= gdims[dim][pos_g])
+        if n_exact < len(ev):
+            pos_s, found_s = slots(slot)
+            use_s = ~exact & found_s
+            for b, dim in _AXES:
+                bad |= use_s & (ev[b] >= sdims[dim][pos_s])
+        return bad
+
+
+class _SequenceOrder:
+    """Whether a group's events come in sequence order with no gap (chunk by chunk), and meanwhile the timer's
+    steps back in that order (:class:`_TimerOrder`)."""
+
+    def __init__(self) -> None:
+        self.in_order, self.timer = True, _TimerOrder()
+        self.prev_seq = self.prev_t = None
+
+    def add(self, ev: np.ndarray, base: int) -> None:
+        if not self.in_order or not len(ev):
+            return
+        seq = ev["sequence"]
+        if self.prev_seq is not None and int(seq[0]) != (self.prev_seq + 1) & _U64:
+            self.in_order = False
+            return
+        if not bool(np.all(np.diff(seq) == 1)):
+            self.in_order = False
+            return
+        t = np.ascontiguousarray(ev["globaltimer"])
+        self.timer.add(t, base, prev=self.prev_t)
+        self.prev_seq, self.prev_t = int(seq[-1]), int(t[-1])
+
+
+_U64 = (1 << 64) - 1
+
+
+class _ChunkCrc:
+    """A group's payload checksum, summed chunk by chunk in the CRC worker beside the checks."""
+
+    def __init__(self, g: dumpmod.Group) -> None:
+        self.g, self.fut = g, None
+
+    def add(self, view: np.ndarray) -> None:
+        if len(view):
+            self.fut = worker("crc").submit(_crc_after, view.view(np.uint8), self.fut)
+
+    def wait(self) -> None:
+        if self.fut is not None:
+            self.fut.result()
+
+    def ok(self) -> bool:
+        return (self.fut.result() if self.fut is not None else 0) == int(self.g.header["payload_crc32"])
+
+
+def _crc_after(buf, prev) -> int:
+    import zlib
+
+    return zlib.crc32(buf, prev.result() if prev is not None else 0)
+
+
+class _Pages:
+    """Gives the pages of checked (and summed) device-event chunks back on large dumps, a few chunks behind the
+    checks so that the CRC worker is not waited for; reports progress in bytes of the file."""
+
+    LAG = 8  # chunks
+
+    def __init__(self, d: dumpmod.Dump, progress) -> None:
+        self.d, self.progress = d, progress
+        self.release = d.size > RELEASE_BYTES
+        self.pending: list = []
+        self.bytes = 0
+
+    def done(self, g: dumpmod.Group, first: int, n: int, crc: _ChunkCrc | None) -> None:
+        rs = int(g.header["record_size"])
+        self.bytes += n * rs
+        if self.progress is not None:
+            self.progress(self.bytes, self.d.size)
+        if not self.release:
+            return
+        self.pending.append((g.payload_offset + first * rs, n * rs, crc.fut if crc is not None else None))
+        while len(self.pending) > self.LAG:
+            off, nb, fut = self.pending.pop(0)
+            if fut is not None:
+                fut.result()
+            dumpmod.release_pages(self.d._mm, off, nb)
+
+    def flush(self, crc: _ChunkCrc | None) -> None:
+        if crc is not None:
+            crc.wait()
+        for off, nb, _ in self.pending:
+            dumpmod.release_pages(self.d._mm, off, nb)
+        self.pending = []
+
+    def records(self, g: dumpmod.Group, first: int, n: int) -> None:
+        """Records ``first .. first + n`` of a group checked (host records): their pages back, their bytes counted
+        (a group of millions of host records is hundreds of MiB: never resident all at once)."""
+        rs = int(g.header["record_size"])
+        self.bytes += n * rs
+        if self.release:
+            dumpmod.release_pages(self.d._mm, g.payload_offset + first * rs, n * rs)
+
+    def other(self, g: dumpmod.Group, *, counted: bool = False) -> None:
+        """A group checked in full (host records, canary): its pages back, its bytes counted (``counted``: its
+        records went through :meth:`records` already)."""
+        n = len(g.records) * int(g.header["record_size"]) if g.kind and g.kind.layout else 0
+        if not counted:
+            self.bytes += n
+        if self.release and n and not counted:
+            dumpmod.release_pages(self.d._mm, g.payload_offset, n)
+        if self.progress is not None:
+            self.progress(min(self.bytes, self.d.size), self.d.size)
+
+
+def _check_sequence_unordered(g: dumpmod.Group, c: _Collector) -> None:
+    seq = np.asarray(g.records["sequence"])
+    order = np.argsort(seq, kind="stable")
+    s = seq[order]
+    ds = np.diff(s)
+    seq_off = _EV.field("sequence").offset
+    dup = np.flatnonzero(ds == 0)
+    if len(dup):
+        i = int(order[dup[0] + 1])
+        c.add("error", "sequence-duplicate", f"sequence {int(s[dup[0]])} appears more than once", group=g.index,
+              record=i, offset=g.record_offset(i) + seq_off, field="device_event.sequence", count=len(dup))
+    gaps = np.flatnonzero(ds > 1)
+    if len(gaps):
+        i = int(order[gaps[0] + 1])
+        missing = int((ds[gaps] - 1).sum())
+        sev = "warning" if g.drop_count else "error"
+        c.add(sev, "sequence-gap", f"sequence jumps from {int(s[gaps[0]])} to {int(s[gaps[0] + 1])}; "
+              f"{missing} sequence numbers missing in {len(gaps)} gaps", group=g.index, record=i,
+              offset=g.record_offset(i) + seq_off, field="device_event.sequence", count=len(gaps))
+    if g.drop_count == 0 and int(s[0]) != 0:
+        i = int(order[0])
+        c.add("warning", "sequence-start", f"sequences start at {int(s[0])}, not 0, with no drops recorded",
+              group=g.index, record=i, offset=g.record_offset(i) + seq_off, field="device_event.sequence")
+    timer = _TimerOrder()
+    timer.add(np.asarray(g.records["globaltimer"])[order], 0)
+    timer.report(c, g, lambda i: int(order[i]))
+
+
+# Blocks on different SMs reserve their sequence slot and read %globaltimer in two steps, so two blocks may come
+# out inverted by the time between them: on H200 captures by 32-128 ns (one to four ticks of the 32 ns timer).
+# Steps back within this window (rounded up to whole ticks) are that race, not a timer going backwards.
+TIMER_RACE_NS = 256
+
+
+class _TimerOrder:
+    """%globaltimer steps back in sequence order, chunk by chunk; judged at the end against the timer's resolution
+    (the largest power of two dividing every timestamp: 32 ns on H200), which is only known after the last chunk."""
+
+    def __init__(self) -> None:
+        self.bits = 0
+        self.at: list[np.ndarray] = []    # index (of the later event) of each step back
+        self.size: list[np.ndarray] = []  # its size in ns
+
+    def add(self, t: np.ndarray, first: int, *, prev: int | None = None) -> None:
+        """``t``: timestamps in sequence order; ``first``: the index of ``t[0]``; ``prev``: the timestamp just
+        before ``t[0]`` (the previous chunk's last), if any."""
+        if len(t):
+            self.bits |= int(np.bitwise_or.reduce(t & np.uint64(0xFFFFFFFF)))
+        if prev is not None and len(t) and int(t[0]) < prev:
+            self.at.append(np.array([first], np.int64))
+            self.size.append(np.array([prev - int(t[0])], np.uint64))
+        bk = np.flatnonzero(t[1:] < t[:-1])
+        if len(bk):
+            self.at.append(bk + first + 1)
+            self.size.append((t[bk] - t[bk + 1]).astype(np.uint64))
+
+    def tolerance(self) -> tuple[int, int]:
+        res = (self.bits & -self.bits) if self.bits else 1
+        return res, -(-TIMER_RACE_NS // res) * res
+
+    def report(self, c: _Collector, g: dumpmod.Group, record) -> None:
+        if not self.at:
+            return
+        res, tol = self.tolerance()
+        at, size = np.concatenate(self.at), np.concatenate(self.size)
+        big = np.flatnonzero(size > tol)
+        if not len(big):
+            return
+        i = record(int(at[big[0]]))
+        c.add("warning", "timer-backwards", f"%globaltimer goes backwards in sequence order by up to "
+              f"{int(size[big].max()):,} ns (the timer ticks every {res:,} ns; blocks on different SMs come out "
+              f"inverted by at most {tol:,} ns)", group=g.index, record=i,
+              offset=g.record_offset(i) + _EV.field("globaltimer").offset, field="device_event.globaltimer",
+              count=len(big))
+
+
+def _max_by_key(keys: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Unique keys (sorted) and, per key, the largest grid_x/y/z of the host records carrying it."""
+    order = np.argsort(keys, kind="stable")
+    if len(order) < (1 << 31):
+        order = order.astype(np.int32)  # millions of host records: the sort's temporaries are the peak here
+    k = keys[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, dtype=np.intp)
+    uniq = k[starts]
+    del k
+    dims = {dim: np.maximum.reduceat(h[dim][order], starts) if len(order) else np.zeros(0, np.uint32)
+            for dim in ("grid_x", "grid_y", "grid_z")}
+    return uniq, dims
+
+
+def _grid_tables(d: dumpmod.Dump, ctx: int, table=None):
+    """Per grid id and per kernel slot, the largest grid of the host launches carrying it (None without hosts).
+
+    Events with %gridid are checked against their own launch; events without it against the largest grid any
+    launch of the same kernel slot had (a weaker, order-free bound). ``table``: the reconciler's launch table of the
+    context (:class:`kvconv.check.reconcile.LaunchTable`), whose columns serve instead of reading the records again."""
+    if table is not None:
+        if not table.n:
+            return None
+        h = {"grid_id": table.grid_id, "kernel_slot": table.kernel_slot,
+             **{f: a.astype(np.uint32, copy=False)
+                for f, a in (("grid_x", table.gx), ("grid_y", table.gy), ("grid_z", table.gz))}}
+    else:
+        from kvconv.check.reconcile.launches import host_columns
+
+        if not any(len(g.records) for k in ("graph_node", "eager_launch") for g in d.groups_of(k, context_id=ctx)):
+            return None
+        # the five columns, a chunk of records at a time, each chunk's pages given back (large dumps)
+        h = host_columns(d, ctx, ("grid_id", "kernel_slot", "grid_x", "grid_y", "grid_z"))
+    gids, gdims = _max_by_key(h["grid_id"], h)
+    slots, sdims = _max_by_key(h["kernel_slot"], h)
+    return gids, gdims, slots, sdims
+
+
+class _ContextView:
+    """The groups of one context, with the Dump methods the record checks use."""
+
+    def __init__(self, d: dumpmod.Dump, ctx: int) -> None:
+        self._d, self._ctx = d, ctx
+
+    def groups_of(self, kind: str):
+        return self._d.groups_of(kind, context_id=self._ctx)
