@@ -3,9 +3,9 @@
     python bench/bench_canary.py [--records 1048576] [--buffers 4] [--reps 3]
     git show REV:kvconv/check/canary/ > /tmp/old_canary.py && python bench/bench_canary.py --module /tmp/old_canary.py
 
-The dump is written with kvconv.format.dump.new: ``--records`` canary records, ``--buffers`` buffers per step, 8 expected
-pages per record out of 4,096, the changed set equal to it except that every 1,000th record has one page changed
-outside it and every 1,500th one expected page unchanged, and page 0 excluded (the shape of fixtures/canary-*).
+The dump is written with kvconv.format.dump.new: ``--records`` canary records, ``--buffers`` buffers per step,
+8 expected pages per record out of 4,096, the changed set equal to it except that every 1,000th record has one page
+changed outside it and every 1,500th one expected page unchanged, and page 0 excluded (the shape of fixtures/canary-*).
 
 The baseline ("a numpy pass over the same records") reads every column the checker reads and every page each record
 references once: per list, one gather of the referenced pages and one per-record reduction (``np.maximum.reduceat``).

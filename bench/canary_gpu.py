@@ -162,6 +162,19 @@ def run_case(case: str, out_dir: str, device: str, use_graph: bool) -> dict:
             "findings": len(res.findings), "exact": ok}
 
 
+def _probed_step(can, replay, host_locs):
+    """One decode step under the probe: snapshot, the graph replay, compare against the step's written rows."""
+    n = [0]
+
+    def stepped():
+        can.snapshot()
+        replay()
+        can.compare(n[0], host_locs)
+        n[0] += 1
+
+    return stepped
+
+
 def bench(device: str, steps: int) -> dict:
     """Per-step cost of the probe on one 64 MiB bf16 buffer [4096, 8192], clone and checksum modes."""
     buf = torch.randn(NUM_PAGES, PAGE_SIZE * ROW, device=device).to(torch.bfloat16)
@@ -203,15 +216,7 @@ def bench(device: str, steps: int) -> dict:
     for mode in ("clone", "checksum"):
         can = Canary(tmp, metadata={"producer": "bench"})
         wb = can.watch(buf, name="bench", page_size=PAGE_SIZE, compression=COMPRESSION, mode=mode)
-        n = [0]
-
-        def stepped():
-            can.snapshot()
-            g.replay()
-            can.compare(n[0], host_locs)
-            n[0] += 1
-
-        med, p90 = timed(stepped)
+        med, p90 = timed(_probed_step(can, g.replay, host_locs))
         # Device time alone: snapshot + compare kernels, CUDA events around them (no replay, no host work).
         e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         snap_ms, cmp_ms = [], []

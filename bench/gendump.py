@@ -221,7 +221,8 @@ def _canary(o: GenOptions, p: dict, first_page: int, name_refs) -> tuple[np.ndar
     rec["expected_first"], rec["expected_count"] = base, n_exp
     rec["changed_first"], rec["changed_count"] = base + n_exp, n_chg
     rec["excluded_first"], rec["excluded_count"] = base + n_exp + n_chg, 1
-    # page lists: expected = start + i (consecutive pages of a block table); changed = [0 if padded] + expected; excluded = [0]
+    # page lists: expected = start + i (consecutive pages of a block table); changed = [0 if padded] + expected;
+    # excluded = [0]
     total = int(per.sum())
     pages = np.zeros(total, PAGE)
     ri = np.repeat(np.arange(n), per)
@@ -242,6 +243,36 @@ def _target_steps(o: GenOptions) -> int:
     per_step = per_launch_ev * 64 * (2 if o.exits else 1) + 96 * o.nodes * (1 + 1 / o.prefill_every)
     per_step += o.canary_buffers * (64 + 4 * (2 * sum(BATCHES[: o.execs]) / o.execs + 1))
     return max(1, int(o.size_bytes / (per_step * o.contexts)))
+
+
+def _host_chunks(o: GenOptions, ctx: int, chunks: int, steps: int, kind_index: int):
+    """Graph-node (``kind_index`` 0) or eager-launch (1) records of context ``ctx``, one array per chunk."""
+    counters = {"eager": 0, "replays": [0] * o.execs}
+    for c in range(chunks):
+        yield _launches(o, ctx, _plan(o, ctx, c, steps), counters)[kind_index]
+
+
+def _event_chunks(o: GenOptions, ctx: int, chunks: int, steps: int, clock: _Clock):
+    """Device events of context ``ctx`` on its GPU clock, numbered in sequence across chunks."""
+    counters = {"eager": 0, "replays": [0] * o.execs}
+    seq = 0
+    for c in range(chunks):
+        p = _plan(o, ctx, c, steps)
+        gn, el = _launches(o, ctx, p, counters)
+        ev = _events(o, p, gn, el)
+        ev["globaltimer"] = clock.gpu(ev["globaltimer"].astype(np.int64))
+        ev["sequence"] = np.arange(seq, seq + len(ev))
+        seq += len(ev)
+        yield ev
+
+
+def _canary_chunks(o: GenOptions, ctx: int, chunks: int, steps: int, name_refs, which: int):
+    """Canary records (``which`` 0) or their page lists (1) of context ``ctx``, one array per chunk."""
+    first = 0
+    for c in range(chunks):
+        rec, pages = _canary(o, _plan(o, ctx, c, steps), first, name_refs)
+        first += len(pages)
+        yield (rec, pages)[which]
 
 
 def write(path, options: GenOptions = GenOptions()) -> dict:
@@ -275,38 +306,12 @@ def write(path, options: GenOptions = GenOptions()) -> dict:
             cs = clock.pairs((steps + 1) * step_ns(o), np.random.default_rng([o.seed, ctx, 0xC5]))
             w.write_records("clock_sync", cs, **hdr)
             add("clock_sync", len(cs))
-
-            def host(kind_index):
-                counters = {"eager": 0, "replays": [0] * o.execs}
-                for c in range(chunks):
-                    yield _launches(o, ctx, _plan(o, ctx, c, steps), counters)[kind_index]
-
-            add("graph_node", w.write_stream("graph_node", host(0), **hdr))
-            add("eager_launch", w.write_stream("eager_launch", host(1), **hdr))
-
-            def events():
-                counters = {"eager": 0, "replays": [0] * o.execs}
-                seq = 0
-                for c in range(chunks):
-                    p = _plan(o, ctx, c, steps)
-                    gn, el = _launches(o, ctx, p, counters)
-                    ev = _events(o, p, gn, el)
-                    ev["globaltimer"] = clock.gpu(ev["globaltimer"].astype(np.int64))
-                    ev["sequence"] = np.arange(seq, seq + len(ev))
-                    seq += len(ev)
-                    yield ev
-
-            add("device_event", w.write_stream("device_event", events(), **hdr))
+            for kind_index, kind in enumerate(("graph_node", "eager_launch")):
+                add(kind, w.write_stream(kind, _host_chunks(o, ctx, chunks, steps, kind_index), **hdr))
+            add("device_event", w.write_stream("device_event", _event_chunks(o, ctx, chunks, steps, clock), **hdr))
             if o.canary_buffers:
-                def canary(which):
-                    first = 0
-                    for c in range(chunks):
-                        rec, pages = _canary(o, _plan(o, ctx, c, steps), first, name_refs)
-                        first += len(pages)
-                        yield (rec, pages)[which]
-
-                add("canary", w.write_stream("canary", canary(0), **hdr))
-                add("canary_pages", w.write_stream("canary_pages", canary(1), **hdr))
+                for which, kind in enumerate(("canary", "canary_pages")):
+                    add(kind, w.write_stream(kind, _canary_chunks(o, ctx, chunks, steps, name_refs, which), **hdr))
     totals["bytes"] = Path(path).stat().st_size
     return totals
 

@@ -109,7 +109,8 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
     why = _not_own(target, kind)
     if why:
         raise OutputError(f"output folder exists and {why}", path=raw,
-                          hint="choose another -o path, or pass --force to replace it and everything in it", code="output-exists")
+                          hint="choose another -o path, or pass --force to replace it and everything in it",
+                          code="output-exists")
 
 
 def _not_own(folder: Path, kind: str) -> str | None:

@@ -60,7 +60,7 @@ class ProgressOptions:
     terminal: bool | None = None
 
     @classmethod
-    def from_cli(cls, *, progress: bool | None = None, quiet: bool = False) -> "ProgressOptions":
+    def from_cli(cls, *, progress: bool | None = None, quiet: bool = False) -> ProgressOptions:
         """Options of a command: ``-q`` silences, ``--no-progress`` too; the interval from the environment."""
         raw = os.environ.get("KVCONV_PROGRESS_INTERVAL", "")
         try:
@@ -154,7 +154,7 @@ class Progress:
             self._rich.stop()
             self._rich = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -358,7 +358,8 @@ def reference(d, missing_writes=True):
                 e, c, x = (set(sets[k]) for k in ("expected", "changed", "excluded"))
                 un, mi = sorted(c - e - x), sorted(e - c - x) if missing_writes else []
                 if un:
-                    bad("canary-unexpected-write", "changed_first", f"{label}: {len(un)} page{'s' if len(un) != 1 else ''}"
+                    bad("canary-unexpected-write", "changed_first",
+                        f"{label}: {len(un)} page{'s' if len(un) != 1 else ''}"
                         f" changed outside the expected set: {canary.describe_pages(un, spp)}")
                 if mi:
                     bad("canary-missing-write", "expected_first", f"{label}: {len(mi)} expected page"
@@ -374,8 +375,9 @@ def reference(d, missing_writes=True):
 SMALL = st.integers(0, 12)
 FIELDS = dict(step=st.integers(0, 2**64 - 1), buffer_id=st.integers(0, 3), name_off=st.integers(0, 12),
               name_len=st.integers(0, 6), num_pages=st.integers(0, 12), page_size=st.integers(0, 2),
-              compression=st.integers(0, 2), flags=st.integers(0, 9), expected_first=SMALL, expected_count=st.integers(0, 5),
-              changed_first=SMALL, changed_count=st.integers(0, 5), excluded_first=SMALL, excluded_count=st.integers(0, 3))
+              compression=st.integers(0, 2), flags=st.integers(0, 9), expected_first=SMALL,
+              expected_count=st.integers(0, 5), changed_first=SMALL, changed_count=st.integers(0, 5),
+              excluded_first=SMALL, excluded_count=st.integers(0, 3))
 
 
 @settings(max_examples=80, deadline=None)
@@ -449,7 +451,8 @@ def test_batches_split_large_groups_and_long_lists(tmp_path):
     with dump.open(p) as d:
         res = canary.check(d)
     assert res.records == n and res.summary()["steps_checked"] == n
-    assert [(f.record, f.code) for f in res.findings] == [(7, "canary-unexpected-write"), (n - 1, "canary-unexpected-write")]
+    assert [(f.record, f.code) for f in res.findings] == [(7, "canary-unexpected-write"),
+                                                          (n - 1, "canary-unexpected-write")]
     assert f"{big - 1} pages changed outside the expected set: pages 2-{big}" in res.findings[0].message
     assert [s["record"] for s in res.steps.flagged()] == [7, n - 1] and res.steps[n - 1]["unexpected"] == [1]
 

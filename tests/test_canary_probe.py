@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from kvconv.check import canary
+from kvconv.format import dump
+
 torch = pytest.importorskip("torch")
 
-from kvconv.capture.probe import Canary, expected_pages  # noqa: E402
-from kvconv.check import canary
-from kvconv.format import dump  # noqa: E402
+from kvconv.capture.probe import Canary, expected_pages  # noqa: E402  (imports torch: after the skip)
 
 DTYPES = [torch.bfloat16, torch.float32, getattr(torch, "float8_e4m3fn", torch.uint8)]
 

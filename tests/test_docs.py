@@ -23,7 +23,8 @@ def _pattern(name: str) -> str:
 def test_every_chrome_track_and_counter_is_documented(tmp_path):
     page = (ROOT / "docs/OUTPUTS.md").read_text()
     seen = set()
-    for dump in ("h200-enter-exit/enter-exit.kvdump", "canary-clean/canary-clean.kvdump", "h200-twostream/twostream.kvdump"):
+    for dump in ("h200-enter-exit/enter-exit.kvdump", "canary-clean/canary-clean.kvdump",
+                 "h200-twostream/twostream.kvdump"):
         out = tmp_path / (dump.split("/")[0] + ".json")
         r = run_cli("chrome", FIXTURES / dump, "-o", out)
         assert r.returncode == 0, r.stderr

@@ -21,7 +21,7 @@ synth = load_script(FIXTURES / "synthetic-multi" / "make_synthetic.py")
 PAIR = [FIXTURES / "synthetic-multi" / "rank0.kvdump", FIXTURES / "synthetic-multi" / "rank1.kvdump"]
 
 
-def _trace(path) -> "pb.Trace":
+def _trace(path) -> pb.Trace:
     t = pb.Trace()
     t.ParseFromString(Path(path).read_bytes())
     return t

@@ -41,8 +41,8 @@ def _independent():
 def _slices_per_track(trace: pb.Trace):
     """Per track uuid: (begin ts, end ts) of its slices, checking that begins and ends balance and nest."""
     out, stacks = defaultdict(list), defaultdict(list)
-    events = sorted(((p.timestamp, 0 if p.track_event.type == 2 else 1, p.track_event.track_uuid, p.track_event.type)
-                     for p in trace.packet if p.HasField("track_event") and p.track_event.type in (1, 2)))
+    events = sorted((p.timestamp, 0 if p.track_event.type == 2 else 1, p.track_event.track_uuid, p.track_event.type)
+                    for p in trace.packet if p.HasField("track_event") and p.track_event.type in (1, 2))
     for ts, _, track, typ in events:
         if typ == 1:
             stacks[track].append(ts)

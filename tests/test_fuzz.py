@@ -57,7 +57,7 @@ def _run_all(env, data: bytes, *, salvage=(False, True), json_=(False,), trace=F
     bases, cmds, tmp = env
     plan = [(c, js, sv, False) for c in cmds for js in json_ for sv in salvage if sv is False or c.salvage]
     problems = []
-    for c, o in fuzz.run_file(data, plan, tmp, second=bases[0][1], trace_memory=trace):
+    for _c, o in fuzz.run_file(data, plan, tmp, second=bases[0][1], trace_memory=trace):
         problems += [f"kvconv {' '.join(o.argv)}: {p}" for p in o.problems]
     return problems
 
@@ -82,7 +82,7 @@ def test_damaged_dumps_every_command(env, data):
     problems = []
     tracemalloc.start()
     try:
-        for c, o in fuzz.run_file(raw, plan, tmp, second=bases[0][1], trace_memory=True):
+        for _c, o in fuzz.run_file(raw, plan, tmp, second=bases[0][1], trace_memory=True):
             problems += [f"kvconv {' '.join(o.argv)}: {p}" for p in o.problems]
     finally:
         tracemalloc.stop()
@@ -169,9 +169,10 @@ HOSTILE_RECORDS = [
     (SMALL, "graph_node", "grid_x", 0), (SMALL, "graph_node", "grid_x", U32), (SMALL, "eager_launch", "grid_y", U32),
     (SMALL, "eager_launch", "grid_z", U32), (SMALL, "graph_node", "block_dim_x", U32),
     (SMALL, "graph_node", "launch_id", U64), (SMALL, "graph_node", "launch_id", 0),
-    (SMALL, "graph_node", "node", U64), (SMALL, "graph_node", "grid_id", U64), (SMALL, "graph_node", "kernel_slot", U32),
-    (SMALL, "eager_launch", "host_ns", U64), (SMALL, "device_event", "sequence", 1 << 63),
-    (SMALL, "device_event", "sequence", U64), (SMALL, "device_event", "globaltimer", U64),
+    (SMALL, "graph_node", "node", U64), (SMALL, "graph_node", "grid_id", U64),
+    (SMALL, "graph_node", "kernel_slot", U32), (SMALL, "eager_launch", "host_ns", U64),
+    (SMALL, "device_event", "sequence", 1 << 63), (SMALL, "device_event", "sequence", U64),
+    (SMALL, "device_event", "globaltimer", U64),
     (SMALL, "device_event", "block_x", U32), (SMALL, "device_event", "kernel_slot", U32),
     (SMALL, "device_event", "gridid", U64), (SMALL, "device_event", "flags", 0xFF), (SMALL, "device_event", "kind", 0),
     (SMALL, "kernel", "name_off", U32), (SMALL, "kernel", "name_len", U32), (SMALL, "kernel", "slot", U32),

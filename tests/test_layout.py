@@ -15,7 +15,8 @@ from kvconv.format import layout
 def test_generated_header_is_current():
     current = (ROOT / "native/include/kvconv_records.h").read_text()
     assert current == layout.c_header(), (
-        "native/include/kvconv_records.h is stale: run python -m kvconv.format.layout > native/include/kvconv_records.h")
+        "native/include/kvconv_records.h is stale: "
+        "run python -m kvconv.format.layout > native/include/kvconv_records.h")
 
 
 def test_cli_regenerates_the_same_header():
@@ -48,7 +49,8 @@ def test_header_static_asserts_compile(tmp_path):
 def test_a_broken_offset_fails_the_static_assert(tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler")
-    hdr = layout.c_header().replace("offsetof(kvconv_device_event_t, pc) == 8", "offsetof(kvconv_device_event_t, pc) == 9")
+    hdr = layout.c_header().replace("offsetof(kvconv_device_event_t, pc) == 8",
+                                    "offsetof(kvconv_device_event_t, pc) == 9")
     (tmp_path / "h.h").write_text(hdr)
     src = tmp_path / "t.cpp"
     src.write_text('#include "h.h"\nint main() { return 0; }\n')
@@ -75,8 +77,9 @@ def test_format_doc_specifies_what_a_decoder_needs():
     doc = (ROOT / "docs/FORMAT.md").read_text()
     row = doc.split("## Record kinds")[1].split("| 5 |")[1].split("\n")[0]  # device_event
     assert "block exit" not in row.replace("(block_exit) when recorded", "") and "(block_exit) when recorded" in row
-    for phrase in ("`block_exit` event per block", "`mem_write` is reserved", "**piecewise constant, no interpolation**",
-                   "the last one with `gpu_ns[i] <= t`, or the first pair", "**Sequence-order join**",
+    for phrase in ("`block_exit` event per block", "`mem_write` is reserved",
+                   "**piecewise constant, no interpolation**", "the last one with `gpu_ns[i] <= t`, or the first pair",
+                   "**Sequence-order join**",
                    "the first launches in host order get no events", "`coverage-late`", "[max(0, D - N), D]",
                    "**duplicated host record**", "takes no part in either join", "a replay's **span**",
                    "the **gap** after a replay", "`block_enter` events only"):

@@ -52,7 +52,8 @@ def test_host_writer_groups_and_headers(host_dump):
             hdr = raw[g.offset:g.offset + 64]
             assert hdr[:8] == b"KVCDUMP\0"
             assert int.from_bytes(hdr[60:64], "little") == zlib.crc32(hdr[:60])
-            assert g.major == layout.MAJOR and g.minor == layout.group_minor(g.flags) == 0 and g.header_size == 64 and g.flags == 0
+            assert g.major == layout.MAJOR and g.minor == layout.group_minor(g.flags) == 0
+            assert g.header_size == 64 and g.flags == 0
             assert g.crc_ok()
             assert g.payload_offset % 8 == 0
         ev = d.groups_of("device_event", context_id=0)[0]
@@ -225,7 +226,7 @@ def test_gpu_traced_workload(tmp_path):
         res.agreement_line()
 
 
-# ---------------------------------------------------------------------------------------------- the live dump (issue 20)
+# --------------------------------------------------------------------------------------------- the live dump (issue 20)
 # H200 runs of native/workloads/die.py under the tracer (native/scripts/gpu_death.sh): one per way a process can end.
 # The first three and the CUDA error end through the tracer's exit path (a finished dump); os._exit, abort(), SIGSEGV
 # and SIGKILL leave the live file the tracer kept valid while running (stored gzipped: it is sparse, 3.7 MB of holes).

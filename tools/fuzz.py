@@ -353,7 +353,8 @@ def garbage_json(R: Rand) -> bytes:
                            "counters": {"fatal_count": -1, "device_event_drops": 2 ** 70}}).encode()
     if k == 14:
         return b"{\"tool\": \"x\"}\x00\x00\x00"
-    return b"{\"counters\": {\"" + R.bytes(4).hex().encode() + b"\": 1}, \"tool\": \"" + R.bytes(3).hex().encode() + b"\"}"
+    return (b"{\"counters\": {\"" + R.bytes(4).hex().encode() + b"\": 1}, \"tool\": \""
+            + R.bytes(3).hex().encode() + b"\"}")
 
 
 def m_metadata(raw, R, bases):
@@ -1011,7 +1012,7 @@ def run(args) -> int:
                     start(k)
                 else:
                     del procs[k]
-        for k, (p, cur) in list(procs.items()):
+        for _k, (p, cur) in list(procs.items()):
             if now - cur[2] > args.hang_s:  # stuck in C code, where the alarm cannot reach
                 p.kill()
                 cur[2] = now
@@ -1076,7 +1077,7 @@ def replay(args) -> int:
     tracemalloc.start()
     with tempfile.TemporaryDirectory() as tmp:
         warm_up(cmds, bases, tmp)
-        for c, o in run_file(data, plan, tmp, second=bases[0][1]):
+        for _c, o in run_file(data, plan, tmp, second=bases[0][1]):
             print(f"$ kvconv {' '.join(o.argv)}  -> exit {o.rc} in {o.seconds:.3f} s, "
                   f"traced peak {o.peak_bytes / MiB:.1f} MiB")
             for ln in o.stderr.splitlines()[:5]:
@@ -1096,7 +1097,8 @@ def main(argv=None) -> int:
     r.add_argument("--tmp", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                    help="where the cases are written")
     r.add_argument("--json-out", help="write the summary (and up to 200 problem cases) here")
-    r.add_argument("--rlimit-gib", type=float, default=2.5, help="address-space limit of a worker (its baseline is ~1.4 GiB)")
+    r.add_argument("--rlimit-gib", type=float, default=2.5,
+                   help="address-space limit of a worker (its baseline is ~1.4 GiB)")
     r.add_argument("--hang-s", type=float, default=120.0, help="kill a worker silent for this long")
     r.add_argument("--trace-every", type=int, default=10,
                    help="trace python/numpy allocations (tracemalloc) on every Nth dump (0: never)")

@@ -8,8 +8,8 @@
 
 :func:`find_library` finds ``$KVCONV_TRACER_LIB`` (a prebuilt ``libkvconv_tracer.so``, its two fatbins beside it) or
 ``native/build/libkvconv_tracer.so`` of a source checkout, built with ``make -C native tracer`` when missing (an
-installed wheel has no ``native/``: the error says how to build it); :func:`record` sets the environment, runs the command, finds the
-dump(s) it wrote (``%p``/``%c`` in the output expand to pid and context) and validates each one.
+installed wheel has no ``native/``: the error says how to build it); :func:`record` sets the environment, runs the
+command, finds the dump(s) it wrote (``%p``/``%c`` in the output expand to pid and context) and validates each one.
 """
 
 from __future__ import annotations
@@ -232,8 +232,8 @@ class _StructuralReport:
 
 
 def validate_dump(path: str):
-    """kvconv.check.validate on one dump; where it cannot run (e.g. jsonschema missing on a GPU image), a structural read
-    with :func:`kvconv.format.dump.open` and a warning saying so."""
+    """kvconv.check.validate on one dump; where it cannot run (e.g. jsonschema missing on a GPU image), a structural
+    read with :func:`kvconv.format.dump.open` and a warning saying so."""
     try:
         from kvconv.check.validate import ValidateOptions, validate
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -39,12 +38,12 @@ def _profile(path: Path, *, join: str, salvage: bool, popts, what: str):
 
 @app.command("report")
 def report_cmd(
-    dump_paths: List[Path] = DUMPS,
+    dump_paths: list[Path] = DUMPS,
     output: str = output_option("the HTML page to write (self-contained: open it offline, attach it to a bug)"),
     join: str = _JOIN,
     force: bool = FORCE,
     salvage: bool = SALVAGE,
-    progress: Optional[bool] = PROGRESS,
+    progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> None:
     """Write one self-contained HTML page about the dumps: the agreement headline, findings with their codes'
@@ -91,7 +90,7 @@ def diff_cmd(
     max_drops: int = typer.Option(0, "--max-drops", metavar="N", help="drops B may add to A's"),
     join: str = _JOIN,
     salvage: bool = SALVAGE,
-    progress: Optional[bool] = PROGRESS,
+    progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> None:
     """Compare two runs of one workload: node order and count per replay, blocks per launch, per-replay span and

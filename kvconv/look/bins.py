@@ -75,7 +75,7 @@ class Grid2D:
         self.counts = np.zeros(((y1 - y0) // self.wy + 1, (x1 - x0) // self.wx + 1), np.int64)
 
     @classmethod
-    def spanning(cls, x0: int, x1: int, y0: int, y1: int, *, nx: int = HEAT_BINS, ny: int = 128) -> "Grid2D":
+    def spanning(cls, x0: int, x1: int, y0: int, y1: int, *, nx: int = HEAT_BINS, ny: int = 128) -> Grid2D:
         return cls(x0, x1, y0, y1, nx, ny)
 
     def add(self, x: int, ys: np.ndarray) -> None:

@@ -211,7 +211,7 @@ class Canary:
     def close(self) -> None:
         self.recorder.close()
 
-    def __enter__(self) -> "Canary":
+    def __enter__(self) -> Canary:
         return self
 
     def __exit__(self, et, ev, tb) -> None:

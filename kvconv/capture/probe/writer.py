@@ -63,7 +63,7 @@ class CanaryRecorder:
             raise OutputError("output folder does not exist", path=self.path, hint=f"create {parent} first",
                               code="output-dir-missing")
 
-    def __enter__(self) -> "CanaryRecorder":
+    def __enter__(self) -> CanaryRecorder:
         return self
 
     def __exit__(self, et, ev, tb) -> None:
