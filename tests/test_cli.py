@@ -23,6 +23,20 @@ def test_every_command_help_has_an_example(name):
     assert re.search(r"Example:\s+kvconv " + name, r.stdout), r.stdout
 
 
+@pytest.mark.parametrize("flag", ["--progress", "--salvage", "--force", "--quiet", "--json"])
+def test_a_shared_option_reads_the_same_in_every_command(flag):
+    """An option several commands take is declared once (kvconv.cli.common): the same spellings, default and help in
+    every command that has it, as the CLI builds them for --help."""
+    import typer.main
+
+    variants = {}
+    for name, cmd in typer.main.get_command(app).commands.items():
+        for p in cmd.params:
+            if flag in p.opts:
+                variants.setdefault((*p.opts, *p.secondary_opts, p.default, p.help), []).append(name)
+    assert len(variants) == 1, variants
+
+
 def test_top_level_help_and_python_m():
     r = run_cli("--help")
     assert r.returncode == 0 and "Example:" in r.stdout

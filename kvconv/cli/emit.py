@@ -14,11 +14,10 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
-from kvconv.cli.common import FORCE, QUIET, SALVAGE, output_option, renamed
+from kvconv.cli.common import FORCE, PROGRESS, QUIET, SALVAGE, output_option, renamed
 from kvconv.emit.registry import FORMATS, Format
 
 # --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
@@ -75,10 +74,6 @@ _RECONCILE = typer.Option("auto", "--join", metavar="auto|exact|reconcile",
                                "reconcile: kvconv reconcile's join (ordered when events carry no gridid); auto: exact "
                                "when it matches every event, else reconcile's (up to 4,000,000 events)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
-_PROGRESS = typer.Option(None, "--progress/--no-progress", help="progress: a bar on a terminal, else a stderr line "
-                         "every 2 s (KVCONV_PROGRESS_INTERVAL seconds); -q turns it off")
-_SALVAGE = SALVAGE
-_QUIET = QUIET
 
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
 
@@ -93,15 +88,15 @@ _APPEND = typer.Option(False, "--append", help="add the dumps' runs to the datas
 
 def _parameters(fmt: Format) -> list[inspect.Parameter]:
     """The options of ``kvconv <fmt.name>``, in the order --help lists them."""
-    opts = [("dumps", List[Path], _DUMPS), ("out", str, output_option(fmt.output))]
+    opts = [("dumps", list[Path], _DUMPS), ("out", str, output_option(fmt.output))]
     if fmt.trace:
-        opts += [("window", Optional[str], _WINDOW), ("replays", Optional[str], _REPLAYS), ("flows", int, _FLOWS)]
+        opts += [("window", str | None, _WINDOW), ("replays", str | None, _REPLAYS), ("flows", int, _FLOWS)]
     if fmt.tables:
         opts += [("fmt", str, _FMT), ("compression", str, _COMPRESSION), ("append", bool, _APPEND)]
     if fmt.name == "chrome":
-        opts += [("merge", Optional[Path], _MERGE)]
-    opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", Optional[bool], _PROGRESS),
-             ("salvage", bool, _SALVAGE), ("force", bool, FORCE), ("quiet", bool, _QUIET)]
+        opts += [("merge", Path | None, _MERGE)]
+    opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", bool | None, PROGRESS),
+             ("salvage", bool, SALVAGE), ("force", bool, FORCE), ("quiet", bool, QUIET)]
     return [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a) for n, a, d in opts]
 
 
