@@ -44,21 +44,14 @@ class Clock:
     def to_host(self, gpu_ns: np.ndarray) -> np.ndarray:
         """Device ns -> host CLOCK_MONOTONIC ns through the nearest earlier pair (the first before the first pair),
         as trace_processor converts a clock from its snapshots: host_i + (gpu - gpu_i)."""
-        return self._map(gpu_ns, "gpu_ns", "host_ns")
-
-    def to_device(self, host_ns: np.ndarray) -> np.ndarray:
-        """Host CLOCK_MONOTONIC ns -> device ns, the same way round."""
-        return self._map(host_ns, "host_ns", "gpu_ns")
-
-    def _map(self, t: np.ndarray, src: str, dst: str) -> np.ndarray:
-        t = np.asarray(t, dtype=np.uint64)
+        t = np.asarray(gpu_ns, dtype=np.uint64)
         p = self.pairs
         if not len(p):
             return t.astype(np.int64)
-        ps = p[src]
+        ps = p["gpu_ns"]
         i = np.searchsorted(ps, t, side="right") - 1
         np.clip(i, 0, len(p) - 1, out=i)
-        return p[dst].astype(np.int64)[i] + (t.astype(np.int64) - ps.astype(np.int64)[i])
+        return p["host_ns"].astype(np.int64)[i] + (t.astype(np.int64) - ps.astype(np.int64)[i])
 
 
 def of_dump(d, ctx: int) -> Clock:

@@ -17,8 +17,6 @@ A dump is a sequence of record groups, each a 64-byte header (``schemas/layouts.
 
 from __future__ import annotations
 
-import functools
-
 from kvconv.format.reader import (
     DEFAULT_CHUNK,
     LIVE,
@@ -35,28 +33,7 @@ from kvconv.format.reader import (
 )
 from kvconv.format.writer import DumpWriter, StringTable, make_header, new
 
-
-def release_heap() -> None:
-    """Give the C heap's free memory back to the system (glibc ``malloc_trim``; elsewhere nothing): numpy's freed
-    temporaries below glibc's dynamic mmap threshold (up to 32 MiB) otherwise stay in the resident set, so that one
-    context's reconciled state would still count while the next one's is built. Cheap: call it between stages."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    """libc's ``malloc_trim``, looked up once; None where there is none (not glibc)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
 __all__ = [
     "DEFAULT_CHUNK", "LIVE", "RELEASE_AFTER_CRC", "Dump", "DumpWarning", "DumpWriter", "Group", "ReadOptions",
-    "StringTable", "loads_metadata", "make_header", "new", "open", "open_many", "release_heap", "release_pages", "scan",
+    "StringTable", "loads_metadata", "make_header", "new", "open", "open_many", "release_pages", "scan",
 ]
