@@ -27,6 +27,12 @@ def best(reps: int, f, *a, before=None, **k):
     return min(ts), max(ts), r
 
 
+def quantile(xs, p: float):
+    """The ``p`` quantile of ``xs``: the sorted value nearest to rank ``p * (n - 1)`` (no interpolation)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
+
+
 def memcpy_gbs(mib: int = 256, reps: int = 5) -> float:
     """Best memory-copy bandwidth (GB/s) of ``mib`` MiB: how quiet the machine is right now (other work sharing the
     cores and memory bus lowers it)."""

@@ -27,13 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+from _table import Col, print_table  # beside this script
+from _timing import quantile
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "native" / "workloads"))
-
-
-def q(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
 
 
 def inner(args) -> dict:
@@ -83,8 +81,8 @@ def inner(args) -> dict:
     out = {"work": args.work, "layers": args.layers, "iters": args.iters,
            "traced": bool(os.environ.get("CUDA_INJECTION64_PATH"))}
     for name in graphs:
-        out[name] = {"gpu_ms_median": statistics.median(gpu[name]), "gpu_ms_p10": q(gpu[name], 0.1),
-                     "gpu_ms_p90": q(gpu[name], 0.9), "host_replay_us_median": statistics.median(host[name])}
+        out[name] = {"gpu_ms_median": statistics.median(gpu[name]), "gpu_ms_p10": quantile(gpu[name], 0.1),
+                     "gpu_ms_p90": quantile(gpu[name], 0.9), "host_replay_us_median": statistics.median(host[name])}
     out["target_over_twin"] = out["target"]["gpu_ms_median"] / out["twin"]["gpu_ms_median"]
     return out
 
@@ -95,6 +93,16 @@ CONFIGS = {
     "traced-domains": {"KVCONV_CALLBACKS": "domains"},   # whole callback domains enabled (the facts-note setup)
     "traced-nograph": {"KVCONV_GRAPH_CALLBACKS": "0"},   # no graph-node callbacks: device records only
 }
+
+COLUMNS = [Col("work", "9"), Col("config", "15"), Col("gpu ms", "8.4f"), Col("full", "7.2f", "%"),
+           Col("patch", "7.2f", "%"), Col("cb-only", "7.2f", "%"), Col("host us", "8.0f")]
+
+
+def table_rows(results) -> list[tuple]:
+    """One row of COLUMNS per work and config (overheads as percentages)."""
+    return [(r["work"], cfg, o["gpu_ms_median"], o["full"] * 100, o["patch"] * 100, o["callbacks_only"] * 100,
+             o["host_replay_us_median"]) for r in results for cfg, o in r["overhead"].items()]
+
 
 
 def outer(args) -> int:
@@ -133,11 +141,7 @@ def outer(args) -> int:
                 "host_replay_us_median": r["target"]["host_replay_us_median"],
             }
         results.append(row)
-    print(f"{'work':9} {'config':15} {'gpu ms':>8} {'full':>8} {'patch':>8} {'cb-only':>8} {'host us':>8}")
-    for r in results:
-        for cfg, o in r["overhead"].items():
-            print(f"{r['work']:9} {cfg:15} {o['gpu_ms_median']:8.4f} {o['full']*100:7.2f}% {o['patch']*100:7.2f}% "
-                  f"{o['callbacks_only']*100:7.2f}% {o['host_replay_us_median']:8.0f}")
+    print_table(COLUMNS, table_rows(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")

@@ -31,6 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from _table import Col, print_table  # beside this script
+from _timing import quantile
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "native" / "workloads"))
 
@@ -172,11 +175,6 @@ def timed_loop(torch, graphs, iters, warmup):
     return gpu, host
 
 
-def q(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
-
-
 def inner(args) -> dict:
     import torch
 
@@ -193,8 +191,8 @@ def inner(args) -> dict:
     out = {"iters": args.iters, "layers": args.layers, "setup_s": round(t_setup, 2),
            "traced": bool(os.environ.get("CUDA_INJECTION64_PATH")), "profiler": args.profiler, "works": {}}
     for w in graphs:
-        out["works"][w] = {"gpu_ms_median": statistics.median(gpu[w]), "gpu_ms_p10": q(gpu[w], 0.1),
-                           "gpu_ms_p90": q(gpu[w], 0.9), "host_replay_us_median": statistics.median(host[w])}
+        out["works"][w] = {"gpu_ms_median": statistics.median(gpu[w]), "gpu_ms_p10": quantile(gpu[w], 0.1),
+                           "gpu_ms_p90": quantile(gpu[w], 0.9), "host_replay_us_median": statistics.median(host[w])}
     if args.count_kernels:
         for w, n in kernels_per_replay(torch, graphs).items():
             out["works"][w]["kernel_nodes"] = n
@@ -248,6 +246,19 @@ def summarize(rounds, configs):
         table[w] = {"kernel_nodes": nodes, "traced_nodes": TARGETS_PER_REPLAY[w], "configs": rows}
     return table
 
+COLUMNS = [Col("work", "13"), Col("nodes", "5d"), Col("config", "14"), Col("gpu ms", "8.4f"),
+           Col("added", "+7.2f", "%"), Col("rounds", ">16"), Col("host us", "8.0f"), Col("us/node", "8.3f"),
+           Col("us/traced", "9.2f")]
+
+
+def table_rows(table) -> list[tuple]:
+    """One row of COLUMNS per work and config of :func:`summarize`'s table (added cost as percentages)."""
+    return [(w, t["kernel_nodes"] or 0, cfg, o["gpu_ms"], o["added"] * 100,
+             " ".join(f"{a * 100:+.1f}" for a in o["added_per_round"]), o["host_replay_us"],
+             o["added_us_per_graph_node"] if o["added_us_per_graph_node"] is not None else float("nan"),
+             o["added_us_per_traced_node"]) for w, t in table.items() for cfg, o in t["configs"].items()]
+
+
 
 def outer(args) -> int:
     rounds = []
@@ -277,15 +288,7 @@ def outer(args) -> int:
                                                   "table": summarize(rounds, args.configs)},
                                                  indent=1, sort_keys=True) + "\n")
     table = summarize(rounds, args.configs)
-    print(f"{'work':13} {'nodes':>5} {'config':14} {'gpu ms':>8} {'added':>8} {'rounds':>16} {'host us':>8} "
-          f"{'us/node':>8} {'us/traced':>9}")
-    for w, t in table.items():
-        for cfg, o in t["configs"].items():
-            per = " ".join(f"{a * 100:+.1f}" for a in o["added_per_round"])
-            pn = o["added_us_per_graph_node"]
-            print(f"{w:13} {t['kernel_nodes'] or 0:5d} {cfg:14} {o['gpu_ms']:8.4f} {o['added'] * 100:+7.2f}% "
-                  f"{per:>16} {o['host_replay_us']:8.0f} {(pn if pn is not None else float('nan')):8.3f} "
-                  f"{o['added_us_per_traced_node']:9.2f}")
+    print_table(COLUMNS, table_rows(table))
     return 0
 
 
