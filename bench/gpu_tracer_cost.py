@@ -213,6 +213,11 @@ def config_env(cfg, args):
             env["KVCONV_PATCH_FILE"] = str(Path(args.before_patch).resolve())
         if cfg == "floor":
             env["KVCONV_CALLBACKS"] = "none"
+    if cfg in args.variant:  # this build with extra environment, e.g. another patch fatbin or KVCONV_WRITES=1
+        env["CUDA_INJECTION64_PATH"] = str(Path(args.lib).resolve())
+        env["KVCONV_KERNELS"] = KERNELS
+        env["KVCONV_OUTPUT"] = str(Path(args.dump_dir) / f"cost-{cfg}-%p.kvdump")
+        env.update(args.variant[cfg])
     if cfg == "profiler":
         extra.append("--profiler")
     return env, extra
@@ -298,6 +303,10 @@ def main() -> int:
     ap.add_argument("--works", nargs="+", default=WORKS, choices=WORKS)
     ap.add_argument("--configs", nargs="+", default=["untraced", "before", "after", "floor", "profiler"],
                     choices=["untraced", "before", "after", "floor", "profiler", "after-nopatch"])
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
+                    help="an extra config (run after --configs): this build (--lib) with these environment "
+                         "variables, e.g. "
+                         "nolookup=KVCONV_PATCH_FILE=/tmp/nolookup.fatbin or writes=KVCONV_WRITES=1")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
@@ -311,6 +320,15 @@ def main() -> int:
     ap.add_argument("--count-kernels", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
+    variants = {}
+    for v in args.variant:
+        name, _, env = v.partition("=")
+        pairs = [kv.split("=", 1) for kv in env.split(",") if kv]
+        if not name or any(len(p) != 2 for p in pairs):
+            ap.error(f"--variant {v!r}: expected NAME=VAR=VALUE[,VAR=VALUE]")
+        variants[name] = dict(pairs)
+    args.variant = variants
+    args.configs += [v for v in variants if v not in args.configs]
     if args.inner:
         print(json.dumps(inner(args), sort_keys=True), flush=True)
         return 0
