@@ -9,6 +9,8 @@ record kind's own check receives, ``hook(d, c)``), the enum helpers and the look
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from kvconv.format import dump as dumpmod
@@ -19,11 +21,13 @@ RELEASE_BYTES = 256 << 20  # dumps larger than this give read pages back (the em
 
 
 class _Collector:
-    """Turns vectorised masks into aggregated findings: one per (code, field), naming the first bad record."""
+    """Turns vectorised masks into aggregated findings: one per (code, field, group, message), naming the first bad
+    record and counting all of them, however many chunks the records were checked in."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.out: list[Finding] = []
+        self._masked: dict[tuple, int] = {}  # (severity, code, message, group, field) -> its finding in out
 
     def add(self, severity, code, message, *, group=None, record=None, offset=None, field=None, count=1):
         self.out.append(Finding(severity, code, message, path=self.path, group=group, record=record,
@@ -35,6 +39,12 @@ class _Collector:
         idx = np.flatnonzero(bad)
         if not len(idx):
             return
+        key = (severity, code, message, g.index, fld)
+        at = self._masked.get(key)
+        if at is not None:  # a later chunk of the same group: counted in the finding of the first bad record
+            self.out[at] = replace(self.out[at], count=self.out[at].count + len(idx))
+            return
+        self._masked[key] = len(self.out)
         first = int(idx[0]) + base
         lay_name = g.kind.layout if g.kind and g.kind.layout else g.kind_name
         try:

@@ -272,6 +272,8 @@ class Reconciler:
             s.xj = None  # the pass is over: the join's lookup tables are not needed by the report
             if s.dur is not None:
                 s.dur.xj = None  # (the durations looked launches up with it during the pass only)
+            if s.b is not None:
+                s.b.end_of_events()  # the repeat bitmap goes before the table grows
             release_heap()
             s.t = s.t.complete(self.d, ctx)
         out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables,

@@ -152,7 +152,7 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
     replay, node ordinal) (:class:`kvconv.check.reconcile.tally.Tally`): the timing takes only minima and maxima."""
     if not graphs:
         return []
-    cnt, tmin, tmax = tally.recorded, tally.tmin, tally.tmax
+    cnt = tally.recorded
     loose = sorted(tally.loose.items())
     out = []
     for g in graphs:
@@ -169,13 +169,20 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
                "node_attribution": bool((lord >= 0).all())}
         timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
         if len(rows) or lo:
-            timing.update(_timing(g, np.r_[tmin[rows], np.array([v[1] for _, _, v in lo], np.int64)],
-                                  np.r_[tmax[rows], np.array([v[2] for _, _, v in lo], np.int64)],
-                                  np.r_[t.launch_id[rows], lrep].astype(np.uint64),
-                                  np.r_[t.node_ordinal[rows], lord].astype(np.int64)))
+            timing.update(_timing(g, *_items(t, tally, rows, lo, lrep, lord)))
         dev["timing"] = timing
         out.append({**g.report, **dev})
     return out
+
+
+def _items(t: LaunchTable, tally, rows: np.ndarray, lo: list, lrep: np.ndarray, lord: np.ndarray) -> tuple:
+    """The timing's items (launches, then the loose groups): first entry, last entry, replay, node ordinal. Each
+    column gathered once (no concatenation when there is nothing loose: these are per-row temporaries)."""
+    cols = (tally.tmin[rows], tally.tmax[rows], t.launch_id[rows], t.node_ordinal[rows])
+    if not lo:
+        return cols
+    more = (np.array([v[1] for _, _, v in lo], np.int64), np.array([v[2] for _, _, v in lo], np.int64), lrep, lord)
+    return tuple(np.concatenate([a, b.astype(a.dtype, copy=False)]) for a, b in zip(cols, more))
 
 
 def _replays(launch_ids: np.ndarray, loose: np.ndarray) -> np.ndarray:

@@ -79,7 +79,7 @@ class LaunchTable:
         only the report needs, not the pass over the device events (the exact join, the tally, validate's grids):
         :meth:`complete` reads them once the pass is over, when its own state is gone (the state held during the
         pass is what grows with the dump: issue 13)."""
-        c, n_gn, n_el = _columns(d, ctx)
+        c, n_gn, n_el = _columns(d, ctx, tuple(f for f in _FIELDS if f not in _UNUSED_LEAN) if lean else _FIELDS)
         # narrow columns: the host state is the one that grows with the dump (issue 13: 10 GiB in <= 512 MiB)
         kind = np.empty(n_gn + n_el, np.uint8)
         kind[:n_gn], kind[n_gn:] = GRAPH_NODE, EAGER
@@ -95,8 +95,8 @@ class LaunchTable:
         ordn = np.full(n_gn + n_el, -1, np.int32)
         ordn[:n_gn] = node_ordinals({f: c[f][:n_gn] for f in ("flags", "graph_exec", "launch_id", "node")})
         dup = _duplicates(kind, index, upload, c)
-        if lean:
-            c.update(dict.fromkeys(LATE))
+        if lean:  # (graph_exec, launch_id and node gave the node ordinals and the duplicates; host_ns and stream
+            c.update(dict.fromkeys(LATE))  # were not read)
         return cls(n_gn=n_gn, kind=kind, index=index, gx=gx, gy=gy, gz=gz, grid=grid, upload=upload, dup=dup,
                    node_ordinal=ordn, **c)
 
@@ -110,6 +110,7 @@ class LaunchTable:
 _FIELDS = ("host_ns", "graph_exec", "launch_id", "node", "grid_id", "stream", "kernel_slot", "flags", "tag",
            "grid_x", "grid_y", "grid_z")
 LATE = ("host_ns", "graph_exec", "launch_id", "node", "stream")  # the columns a lean table reads after the pass
+_UNUSED_LEAN = ("host_ns", "stream")  # not even needed to build a lean table
 _HOST_DTYPE = layout.DTYPES["host_launch"]
 _CHUNK = 1 << 16  # records copied into the columns at a time
 _NARROW = {"flags": np.uint8}  # every launch_flags bit lies in the low byte (validate reports any other bit)

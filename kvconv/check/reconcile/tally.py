@@ -288,10 +288,15 @@ class TallyBuilder:
 
     # -- the result -------------------------------------------------------------------------------------------------
 
-    def finish(self, n_block_enter: int) -> Tally:
+    def end_of_events(self) -> None:
+        """No more events: the repeats are known and the bitmap's memory (a bit per expected block, 4 bytes per
+        row) goes now (the loose groups may still come)."""
         if self.parts:
             self._repeats_by_sort()
-        self.base = self.bits = None  # the repeat bitmap is done with: its memory goes before the report stages
+        self.base = self.bits = None
+
+    def finish(self, n_block_enter: int) -> Tally:
+        self.end_of_events()  # the repeat bitmap is done with: its memory goes before the report stages
         rec = self.recorded
         # never-written zeros cost no memory: the counts of launches without events outside the grid or repeats
         outside = self.outside if self.outside is not None else np.zeros(len(rec), rec.dtype)
