@@ -159,14 +159,16 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
         rows = g.rows[cnt[g.rows] > 0]
         lo = [(k[1], k[2], v) for k, v in loose if k[0] == g.exec]
         n_lo = sum(v[0] for _, _, v in lo)
-        live = g.rows[~t.dup[g.rows]]
+        live = ~t.dup[g.rows]
         lrep = np.array([r for r, _, _ in lo], np.uint64)
         lord = np.array([o for _, o, _ in lo], np.int64)
         # a graph's rows hold no upload and live none of the duplicates: their grids are the expected blocks
-        dev = {"expected_executions": int(len(live)), "expected_blocks": int(t.grid[live].sum()),
+        dev = {"expected_executions": int(np.count_nonzero(live)),
+               "expected_blocks": int(np.sum(t.grid[g.rows], where=live)),
                "device_events": int(cnt[rows].sum()) + n_lo, "matched_events": int(cnt[rows].sum()),
                "device_replays": [int(r) for r in _replays(t.launch_id[rows], lrep)],
                "node_attribution": bool((lord >= 0).all())}
+        del live
         timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
         if len(rows) or lo:
             timing.update(_timing(g, *_items(t, tally, rows, lo, lrep, lord)))
@@ -217,9 +219,9 @@ def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, or
         np.minimum.at(nf, key, t if every else t[known])
         del key
         node_first = nf.reshape(R, N)
-        has = node_first != _I64.max
-        nf_min = np.where(has, node_first, _I64.max).min(axis=1)
-        nf_max = np.where(has, node_first, _I64.min).max(axis=1)
+        has = node_first != _I64.max  # (cells without an entry hold _I64.max: the minimum needs no mask)
+        nf_min = node_first.min(axis=1)
+        nf_max = node_first.max(axis=1, initial=_I64.min, where=has)
         spans = np.where(has.any(axis=1), nf_max - nf_min, spans)
     out = {"span_ns": stats(spans), "gap_ns": stats(rfirst[1:] - rlast[:-1]) if R > 1 else None,
            "per_replay": [{"replay": int(ur[j]), "first_ns": int(rfirst[j]), "last_ns": int(rlast[j]),
@@ -228,8 +230,7 @@ def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, or
                           for j in range(R)]}
     if node_first is not None:
         offs = []
-        has = node_first != _I64.max
-        base = np.where(has, node_first, _I64.max).min(axis=1)
+        base = nf_min
         for o in range(N):
             col = has[:, o]
             if not col.any():
