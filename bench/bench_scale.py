@@ -33,9 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _timing import best, quietness, timed  # noqa: E402
-
 import gendump  # noqa: E402
+from _timing import best, quietness, timed  # noqa: E402
 
 COMMANDS = {
     "validate": lambda d, o: ["validate", d],

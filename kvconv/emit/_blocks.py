@@ -128,7 +128,9 @@ def _lookup(sorted_ix: np.ndarray, q: np.ndarray) -> np.ndarray:
     lo, hi = np.searchsorted(sorted_ix, [int(q[0]), int(q[-1]) + 1])
     part = sorted_ix[lo:hi]
     pos = np.searchsorted(part, q)
-    hit = (pos < len(part)) & (part[np.minimum(pos, max(len(part) - 1, 0))] == q) if len(part) else np.zeros(len(q), bool)
+    hit = np.zeros(len(q), bool)
+    if len(part):
+        hit = (pos < len(part)) & (part[np.minimum(pos, len(part) - 1)] == q)
     return np.where(hit, lo + pos, -1)
 
 

@@ -1,7 +1,8 @@
 """What every emitter does around its own writing: open the dumps' contexts, join their device events to the host
 launch records, show progress, and close it all.
 
-    >>> with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):  # doctest: +SKIP
+    >>> with emit_run(paths, out, options, warn, "perfetto", passes=2) as run:  # doctest: +SKIP
+    ...     res, warn, paths, ctxs, bar = run
     ...     aggs = [first_pass(c, options, bar) for c in ctxs]
 """
 
@@ -25,6 +26,7 @@ from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import FormatError, UsageError
+from kvconv.memory import release_heap
 from kvconv.progress import Progress, ProgressOptions
 
 _EVF = layout.ENUMS["event_flags"]
@@ -242,19 +244,28 @@ class Spilled:
         return pickle.load(self.f)
 
 
+FIRST_PASS_DROPS = ("index", "host_ns", "graph_exec", "launch_id", "node", "stream", "kernel_slot", "flags", "gx", "gy",
+                    "gz", "grid", "upload", "dup", "node_ordinal")
+
+
 def first_passes(ctxs: list[Ctx], options: EmitOptions, bar) -> list:
     """The first pass (:func:`first_pass`) of each context, its launch table held. A lazy context's aggregates
     (memory that grows with its host records) are pickled into an unnamed temporary file and a :class:`Spilled`
     stands for them until :class:`Plans` reads them back: one context's host state in memory at a time."""
     aggs, f = [], None
+    # the first pass reads the table's row count (kind), and the filters' columns; the exact join keeps its own
+    need = {"kind"} | ({"launch_id"} if options.replays is not None else set()) \
+        | ({"host_ns"} if options.window_ms is not None else set())
+    unused = tuple(k for k in FIRST_PASS_DROPS if k not in need)
     for c in ctxs:
-        with c.held():
+        with c.held(drop=unused):
             a = first_pass(c, options, bar)
         if c.lazy:
             f = f or tempfile.TemporaryFile(prefix="kvconv-")
             at = f.seek(0, 2)
             pickle.dump(a, f, protocol=pickle.HIGHEST_PROTOCOL)
             a = Spilled(f, at, a.kept)
+            release_heap()
         aggs.append(a)
     return aggs
 
@@ -265,10 +276,11 @@ class Plans:
     context is planned again on each walk, inside :meth:`Ctx.held` (its launch table loaded, its aggregates read
     back), and let go before the next: the plan is a function of them, so the same every time."""
 
-    def __init__(self, ctxs: list[Ctx], aggs: list, make, options: EmitOptions) -> None:
+    def __init__(self, ctxs: list[Ctx], aggs: list, make, options: EmitOptions, *, unused: tuple = ()) -> None:
         self.ctxs, self.aggs, self.make = ctxs, aggs, make
         self.canary = canaries(ctxs)
         self.join = options.replays is not None  # the second pass asks the join only for --replays
+        self.drop = () if self.join else unused  # launch-table columns the format does not write
         self.kept = [None if c.lazy else make(c, a, k) for c, a, k in zip(ctxs, aggs, self.canary)]
 
     def __iter__(self):
@@ -276,5 +288,8 @@ class Plans:
             if p is not None:
                 yield p
                 continue
-            with c.held(join=self.join):
-                yield self.make(c, a.load() if isinstance(a, Spilled) else a, k)
+            with c.held(join=self.join, drop=self.drop):
+                p = self.make(c, a.load() if isinstance(a, Spilled) else a, k)
+                release_heap()  # the load's and the planning's temporaries
+                yield p
+                p = None

@@ -37,7 +37,7 @@ class Flows:
     _parts: list = field(default_factory=list)  # (row, rank, device index) of rows listed apart, while adding
 
     @classmethod
-    def new(cls, rows: int, K: int) -> "Flows":
+    def new(cls, rows: int, K: int) -> Flows:
         return cls(K=K, first=np.full(rows if K else 0, -1, np.int64))
 
     def add(self, hm, base, take, pos0, first_i: int, dev_index) -> None:

@@ -16,6 +16,7 @@ tracer dumps carry gridid and tag, and their events come in runs of one launch's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import zlib
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from kvconv.clock import Clock
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import FormatError
+from kvconv.memory import release_heap
 
 __all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads",
            "release_groups", "runs_of"]
@@ -70,20 +72,24 @@ class Ctx:
         return self.dump.size > RELEASE_BYTES
 
     @contextlib.contextmanager
-    def held(self, *, join: bool = True):
+    def held(self, *, join: bool = True, drop: tuple = ()):
         """The context with its launch table (and, ``join``, its exact join) in memory for the block. A lazy
         context (a large dump joined by the streaming exact join) loads them here and lets them go after, so that
-        the host state in memory is one context's whatever the number of contexts; others keep theirs."""
+        the host state in memory is one context's whatever the number of contexts; others keep theirs. ``drop``:
+        columns of the table the block does not read, let go at once (a use of one raises :class:`Dropped`)."""
         if not self.lazy or self.host is not None:
             yield self
             return
         self.host = LaunchTable.load(self.dump, self.context_id)
         release_groups(self.dump, ("graph_node", "eager_launch"), self.context_id)  # the table holds copies
         self.xjoin = ExactJoin(self.host) if join and self.host.n else None
+        if drop:
+            self.host = dataclasses.replace(self.host, **{k: Dropped(k) for k in drop})
         try:
             yield self
         finally:
             self.host = self.xjoin = self._runs = None
+            release_heap()  # numpy's freed arrays in glibc's heap: gone from the resident set before the next context
 
     def kernel_name(self, slot: int) -> str:
         return self.names.get(int(slot), f"kernel slot {int(slot)}")
@@ -152,6 +158,18 @@ class Ctx:
         otherData, each Arrow table's metadata)."""
         return {"dump": self.label, "run": self.run, "context_id": self.context_id, "device_id": self.device_id,
                 **self.clock.bound()}
+
+
+class Dropped:
+    """Stands for a launch-table column let go by :meth:`Ctx.held` (``drop``): any use of it is a bug, said so."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr):
+        raise RuntimeError(f"launch table column {self.name!r} was let go (Ctx.held drop=...) but is used")
+
+    __getitem__ = __array__ = __len__ = __iter__ = __and__ = __eq__ = lambda self, *a: self.__getattr__("")
 
 
 def release_groups(d, kinds, ctx: int) -> None:

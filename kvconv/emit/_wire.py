@@ -43,11 +43,16 @@ def varint_bytes(v: int) -> bytes:
             return bytes(out)
 
 
+def varint_size(v: int) -> int:
+    """Encoded length (1..10) of one non-negative value: ``len(varint_bytes(v))`` without building the bytes."""
+    return (max(int(v).bit_length(), 1) + 6) // 7
+
+
 def varint_len(v: np.ndarray) -> np.ndarray:
     """Encoded length (1..10) of each uint64 value."""
     v = np.asarray(v, dtype=U64)
     n = np.ones(v.shape, dtype=np.int64)
-    top = len(varint_bytes(int(v.max()))) if v.size else 1
+    top = varint_size(int(v.max())) if v.size else 1
     for k in range(1, top):
         n += v >= U64(1 << (7 * k))
     return n
@@ -58,7 +63,7 @@ def _const_varint_len(v: np.ndarray) -> int | None:
     if v.size == 0:
         return 1
     lo, hi = int(v.min()), int(v.max())
-    a, b = len(varint_bytes(lo)), len(varint_bytes(hi))
+    a, b = varint_size(lo), varint_size(hi)
     return a if a == b else None
 
 
@@ -150,7 +155,7 @@ def _msg_len(m: Msg, n: int, varying: list):
 
 def _vlen(x):
     if isinstance(x, (int, np.integer)):
-        return len(varint_bytes(int(x)))
+        return varint_size(int(x))
     return varint_len(x.astype(U64))
 
 
@@ -202,7 +207,7 @@ def _plan(node, i0: int, tmpl: bytearray, ops: list) -> None:
             tmpl += ch.value
         elif ch.kind == "v":
             tmpl += ch.tag
-            L = len(varint_bytes(int(ch.value[i0])))
+            L = varint_size(int(ch.value[i0]))
             ops.append((len(tmpl), ch, L))
             tmpl += bytes(L)
         elif ch.kind == "f64":
@@ -334,14 +339,14 @@ def _msg_len_rows(m: Msg, i0: int) -> int:
             if ch.present is not None and not bool(ch.present[i0]):
                 continue
             inner = _msg_len_rows(ch, i0)
-            total += len(ch.tag) + len(varint_bytes(inner)) + inner
+            total += len(ch.tag) + varint_size(inner) + inner
         else:
             if ch.present is not None and not bool(ch.present[i0]):
                 continue
             if ch.kind == "c":
                 total += len(ch.value)
             elif ch.kind == "v":
-                total += len(ch.tag) + len(varint_bytes(int(ch.value[i0])))
+                total += len(ch.tag) + varint_size(int(ch.value[i0]))
             elif ch.kind == "f64":
                 total += len(ch.tag) + 8
             else:
@@ -372,7 +377,7 @@ def _sig(node, i0: int, out: list) -> list:
         elif ch.kind == "c":
             out.append(len(ch.value))
         elif ch.kind == "v":
-            out.append(len(ch.tag) + len(varint_bytes(int(ch.value[i0]))))
+            out.append(len(ch.tag) + varint_size(int(ch.value[i0])))
         elif ch.kind == "f64":
             out.append(len(ch.tag) + 8)
         else:
@@ -458,9 +463,9 @@ def encode_batched(fields, n: int, step: int = 1 << 16):
 
 
 def batched_order(fields, n: int, step: int) -> np.ndarray | None:
-    """The row order of one encoding of all ``n`` rows (encoded in that order, consecutive ranges of it one at a time give
-    the same bytes as one encoding of all rows), found a batch of ``step`` rows at a
-    time: each row's layout signature (:func:`_sig`) as a small id, the rows then sorted stably by signature.
+    """The row order of one encoding of all ``n`` rows (encoded in that order, consecutive ranges of it one at a
+    time give the same bytes as one encoding of all rows), found a batch of ``step`` rows at a time: each row's
+    layout signature (:func:`_sig`) as a small id, the rows then sorted stably by signature.
     Signatures compare as the whole encoding's radix keys do (the same lengths, in the same order; a length constant
     over all rows does not change the order), so the order is the same; memory: an id per row, not the fields."""
     ids = np.zeros(n, np.int32)

@@ -69,7 +69,7 @@ class BackgroundWriter:
         if self.error is not None:
             raise self.error
 
-    def __enter__(self) -> "BackgroundWriter":
+    def __enter__(self) -> BackgroundWriter:
         return self
 
     def __exit__(self, kind, value, tb) -> None:

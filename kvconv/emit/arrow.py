@@ -35,6 +35,7 @@ from kvconv.emit._stream import GRAPH_NODE, RELEASE_BYTES, SLICE
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import layout
 from kvconv.format.dump import release_pages
+from kvconv.memory import release_heap
 
 BLOCK = 2048  # rows per transpose block (2048 x 64 bytes and their columns stay in L2: 10.4-11.1 ms per 1M rows,
 #               11.7 at 8192)
@@ -150,7 +151,8 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
         warn_reconcile(ctxs, options, warn)
         with atomic_output(out, inputs=paths, directory=True, kind="arrow", force=options.force) as tmp:
             for c in ctxs:
-                with c.held():  # a large dump's contexts: one launch table in memory at a time
+                # a large dump's contexts: one launch table in memory at a time, without the columns no table writes
+                with c.held(drop=("host_ns", "node", "flags", "dup", "gx", "gy", "gz")):
                     _write_context(pa, c, Path(tmp), ext, options, bar, res)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     return res
@@ -250,28 +252,48 @@ def _launch_table(pa, c, sink, options: EmitOptions) -> None:
         ok = r >= 0
         np.add.at(count, r[ok], 1)
         np.maximum.at(last, r[ok], recs["globaltimer"][enter][ok].astype(np.int64))
+    ld.xj = c.xjoin = None  # the join's own tables (the last use of it): gone before the durations' columns
+    release_heap()
     d = ld.finish()
+    timed, dur = d.timed, d.duration_ns  # computed once, not per batch
     rows = np.flatnonzero(h.shown)
-    timed, has_start = d.timed[rows], count[rows] > 0
+    slots = np.unique(h.kernel_slot[rows])
+    kernels = pa.array([c.kernel_name(k) for k in slots.tolist()], pa.string())  # one dictionary for every batch
+    s = None
+    # a record batch (Parquet: row group) of BATCH launches at a time, as the other tables: one on small dumps
+    for a in range(0, max(len(rows), 1), BATCH):
+        r = rows[a : a + BATCH]
+        cols = _launch_columns(pa, c, d, count[r], last[r], r, timed[r], dur[r])
+        cols["kernel"] = pa.DictionaryArray.from_arrays(
+            pa.array(np.searchsorted(slots, h.kernel_slot[r]).astype(np.int32)), kernels)
+        if s is None:
+            fields = [pa.field(k, v.type if isinstance(v, pa.Array) else pa.from_numpy_dtype(v.dtype))
+                      for k, v in cols.items() if k != "context_id"]
+            s = sink("launch", None, fields=fields)
+        s.write(cols)
+    s.close()
+
+
+def _launch_columns(pa, c, d, count, last, rows, timed, dur) -> dict:
+    """The launch table's columns of the launch-table ``rows`` (``count``, ``last``, ``timed``, ``dur``: their
+    recorded blocks, last entry, whether timed and duration; ``d``: the durations of every row); the kernel column
+    is the caller's."""
+    h = c.host
+    has_start = count > 0
     isg = h.kind[rows] == GRAPH_NODE
     i64 = lambda v, m: pa.array(v, pa.int64(), mask=~m)  # noqa: E731 - null where not known
-    cols = {"context_id": np.full(len(rows), c.context_id, np.uint32),
+    return {"context_id": np.full(len(rows), c.context_id, np.uint32),
             "kind": pa.DictionaryArray.from_arrays(pa.array(np.where(isg, 0, 1).astype(np.int8)),
                                                    pa.array(["graph_node", "eager_launch"])),
             "host_index": h.index[rows].astype(np.int64), "graph_exec": h.graph_exec[rows],
             "replay": np.where(isg, h.launch_id[rows], 0).astype(np.uint64),
             "node_ordinal": h.node_ordinal[rows].astype(np.int32),
             "stream": h.stream[rows], "grid_id": h.grid_id[rows],
-            "kernel": _kernel_names(pa, c, h.kernel_slot[rows]),
-            "blocks_predicted": np.maximum(h.grid[rows], 0), "blocks_recorded": count[rows],
-            "start_ns": i64(d.start_ns[rows], has_start), "last_entry_ns": i64(last[rows], has_start),
-            "end_ns": i64(d.end_ns[rows], timed), "duration_ns": i64(d.duration_ns[rows], timed),
+            "kernel": None,
+            "blocks_predicted": np.maximum(h.grid[rows], 0), "blocks_recorded": count,
+            "start_ns": i64(d.start_ns[rows], has_start), "last_entry_ns": i64(last, has_start),
+            "end_ns": i64(d.end_ns[rows], timed), "duration_ns": i64(dur, timed),
             "blocks_paired": d.blocks[rows]}
-    fields = [pa.field(k, v.type if isinstance(v, pa.Array) else pa.from_numpy_dtype(v.dtype))
-              for k, v in cols.items() if k != "context_id"]
-    s = sink("launch", None, fields=fields)
-    s.write(cols)
-    s.close()
 
 
 def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
@@ -294,7 +316,7 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
         res.written_events += n
         bar(n)
 
-    for i, (first, recs) in enumerate(c.chunks(options.chunk, verify=options.verify_checksums, sub=rows)):
+    for i, (_, recs) in enumerate(c.chunks(options.chunk, verify=options.verify_checksums, sub=rows)):
         fut = copier.submit(deis[i % 2], recs)
         if pending is not None:
             flush()

@@ -181,7 +181,7 @@ class _Chrome:
         dump records no exits: ``args.span`` says which), ``args`` device, stream, correlation (the launch's grid
         id), grid and block; Holistic Trace Analysis counts GPU kernels by ``args.stream``."""
         pl, c, h = self.pl, self.c, self.c.host
-        rows, start, end = pl.launch_spans()
+        rows, start, end = pl.kernel_rows, pl.kernel_start, pl.kernel_end  # Plan.launch_spans
         if not len(rows):
             return
         us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
@@ -340,7 +340,8 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than trace viewers load comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or --replays "
                  "FIRST:LAST, or the Perfetto format")
-        plans = Plans(ctxs, aggs, lambda c, a, k: _Chrome(Plan(c, a, options, canary=k)), options)
+        plans = Plans(ctxs, aggs, lambda c, a, k: _Chrome(Plan(c, a, options, canary=k)), options,
+                      unused=("tag", "node", "flags", "dup"))
         other = {"tool": "kvconv", "clock": "host CLOCK_MONOTONIC; device %globaltimer aligned through each "
                  "dump's clock-sync pairs", "alignment": [c.alignment() for c in ctxs]}
         head = {"displayTimeUnit": "ns", "otherData": other, "schemaVersion": 1}
@@ -364,6 +365,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                     f.write(b)
                 for b in ch.kernels():
                     f.write(b)
+                ch.pl.forget_kernel_rows()
                 for b in ch.counters():
                     f.write(b)
                 for first, recs in ch.c.chunks(options.chunk):

@@ -260,7 +260,7 @@ class _Packets:
 
     def snapshots(self, pb) -> list[bytes]:
         out = []
-        for i, r in enumerate(self.c.clock.pairs):
+        for r in self.c.clock.pairs:
             p = pb.TracePacket()
             p.trusted_packet_sequence_id = self.dev_seq
             cs = p.clock_snapshot
@@ -528,7 +528,8 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
             warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
                  f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
                  "--replays FIRST:LAST, or open it with trace_processor --httpd")
-        plans = Plans(ctxs, aggs, lambda c, a, k: _Packets(Plan(c, a, options, canary=k)), options)
+        plans = Plans(ctxs, aggs, lambda c, a, k: _Packets(Plan(c, a, options, canary=k)), options,
+                      unused=("tag", "node", "flags", "dup", "gx", "gy", "gz"))
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \

@@ -157,6 +157,11 @@ class Plan:
             return self.__dict__[name]
         raise AttributeError(name)
 
+    def forget_kernel_rows(self) -> None:
+        """Let the kernel slices' per-launch columns go once written (their tracks and names stay)."""
+        if "kernel_rows" in self.__dict__:
+            self.kernel_rows = self.kernel_start = self.kernel_end = self.kernel_track = self.kernel_name_ix = None
+
     def _block_lanes(self) -> None:
         """Paired blocks (entry to exit) overlap on an SM (several blocks are resident at once): per SM, as many
         lanes as that takes; lane 0 is the SM's own track, lane k its k-th extra track (``sm_lane_tracks``)."""
