@@ -94,7 +94,7 @@ class LaunchTable:
         upload = (kind == GRAPH_NODE) & ((c["flags"] & _LF["graph_upload"]) != 0)
         ordn = np.full(n_gn + n_el, -1, np.int32)
         ordn[:n_gn] = node_ordinals({f: c[f][:n_gn] for f in ("flags", "graph_exec", "launch_id", "node")})
-        dup = _duplicates(kind, index, upload, c)
+        dup = _duplicates(kind, index, upload, c, ordn)
         if lean:  # (graph_exec, launch_id and node gave the node ordinals and the duplicates; host_ns and stream
             c.update(dict.fromkeys(LATE))  # were not read)
         return cls(n_gn=n_gn, kind=kind, index=index, gx=gx, gy=gy, gz=gz, grid=grid, upload=upload, dup=dup,
@@ -148,22 +148,43 @@ def host_columns(d, ctx: int, fields: tuple) -> dict:
     return _columns(d, ctx, fields)[0]
 
 
-def _duplicates(kind, index, upload, recs) -> np.ndarray:
+def _duplicates(kind, index, upload, recs, ordn) -> np.ndarray:
     """Repeats of an earlier record: same (graph exec, replay, node) for graph nodes, same gridid for eager launches
-    (gridids are unique per eager launch); the first record in record order is the one counted."""
+    (gridids are unique per eager launch); the first record in record order is the one counted. ``ordn``: the node
+    ordinals (a node's own within its graph exec)."""
     dup = np.zeros(len(kind), bool)
     g = np.flatnonzero((kind == GRAPH_NODE) & ~upload)
-    if len(g):
+    if len(g) and _may_repeat(recs["graph_exec"][g], recs["launch_id"][g], ordn[g]):
         ex, rp, nd = recs["graph_exec"], recs["launch_id"], recs["node"]
         o = g[np.lexsort((index[g], nd[g], rp[g], ex[g]))]
         same = (ex[o][1:] == ex[o][:-1]) & (rp[o][1:] == rp[o][:-1]) & (nd[o][1:] == nd[o][:-1])
         dup[o[1:][same]] = True
     gid = recs["grid_id"]
     e = np.flatnonzero((kind == EAGER) & (gid != 0))
-    if len(e):
+    if len(e) > 1 and not bool(np.all(gid[e][1:] > gid[e][:-1])):  # increasing gridids repeat none
         o = e[np.lexsort((index[e], gid[e]))]
         dup[o[1:][gid[o][1:] == gid[o][:-1]]] = True
     return dup
+
+
+def _may_repeat(ex: np.ndarray, rp: np.ndarray, ordn: np.ndarray) -> bool:
+    """Whether graph-node records (record order) may repeat a (graph exec, replay, node): False when they come in
+    (graph exec, replay) order, as a tracer writes them, and no (replay, node ordinal) cell is counted twice (a
+    count per cell instead of a sort of every record)."""
+    if len(ex) < 2:
+        return False
+    new = (ex[1:] != ex[:-1]) | (rp[1:] != rp[:-1])
+    if not bool(np.all((ex[1:] > ex[:-1]) | ((ex[1:] == ex[:-1]) & (rp[1:] >= rp[:-1])))):
+        return True
+    n_ord = int(ordn.max()) + 1
+    groups = int(np.count_nonzero(new)) + 1
+    if int(ordn.min()) < 0 or groups * n_ord > 4 * len(ex) + (1 << 16):
+        return True
+    cell = np.zeros(len(ex), np.int64)
+    np.cumsum(new, out=cell[1:])
+    cell *= n_ord
+    cell += ordn
+    return bool(np.bincount(cell, minlength=groups * n_ord).max() > 1)
 
 
 def node_ordinals(g) -> np.ndarray:
