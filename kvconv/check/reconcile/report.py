@@ -265,27 +265,34 @@ def context_lines(path: str, c: dict) -> list[str]:
                    f", {'no missing nodes' if not g['missing_nodes'] else str(len(g['missing_nodes'])) + ' missing'}"
                    f", {'stable node order' if g['stable_order'] else 'node order changes'}, "
                    f"{len(g['streams'])} stream{'s' if len(g['streams']) != 1 else ''}")
-        t = g["timing"]
-        if t.get("span_ns"):
-            s = t["span_ns"]
-            line = (f"    device timing (gpu_globaltimer): first-to-last node entry per replay {_ms(s['min'])} .. "
-                    f"{_ms(s['max'])} (median {_ms(s['median'])})")
-            if t.get("gap_ns"):
-                gp = t["gap_ns"]
-                line += f"; inter-replay gap {_ms(gp['min'])} .. {_ms(gp['max'])} (median {_ms(gp['median'])})"
-            if not g.get("node_attribution", True):
-                line += " [nodes not attributed: spans from replay first/last events]"
-            out.append(line)
-        ht = g["host_timing"]
-        if ht.get("callback_span_ns"):
-            cs = ht["callback_span_ns"]
-            line = (f"    host timing (host_monotonic, own domain): node callbacks per replay span "
-                    f"{_ms(cs['min'])} .. {_ms(cs['max'])}")
-            if ht.get("replay_start_interval_ns"):
-                ri = ht["replay_start_interval_ns"]
-                line += f"; replay start to next {_ms(ri['min'])} .. {_ms(ri['max'])}"
-            out.append(line)
+        out.extend(_exec_timing_lines(g))
     if c.get("durations"):
         out.extend(duration_lines(c["durations"]))
     out.append(f"  {ag['line']}")
+    return out
+
+
+def _between(d: dict, median: bool = False) -> str:
+    """'min .. max' of a timing summary, with its median when asked."""
+    return f"{_ms(d['min'])} .. {_ms(d['max'])}" + (f" (median {_ms(d['median'])})" if median else "")
+
+
+def _exec_timing_lines(g: dict) -> list[str]:
+    """A graph exec's device timing line (replay spans, inter-replay gaps) and host timing line (callback spans)."""
+    out = []
+    t, ht = g["timing"], g["host_timing"]
+    if t.get("span_ns"):
+        line = ("    device timing (gpu_globaltimer): first-to-last node entry per replay "
+                + _between(t["span_ns"], median=True))
+        if t.get("gap_ns"):
+            line += "; inter-replay gap " + _between(t["gap_ns"], median=True)
+        if not g.get("node_attribution", True):
+            line += " [nodes not attributed: spans from replay first/last events]"
+        out.append(line)
+    if ht.get("callback_span_ns"):
+        line = ("    host timing (host_monotonic, own domain): node callbacks per replay span "
+                + _between(ht["callback_span_ns"]))
+        if ht.get("replay_start_interval_ns"):
+            line += "; replay start to next " + _between(ht["replay_start_interval_ns"])
+        out.append(line)
     return out
