@@ -444,14 +444,15 @@ def _layout_groups(children: list, n: int):
     return order, np.concatenate([[0], np.cumsum(sizes)])
 
 
-def encode_batched(fields, n: int, step: int = 1 << 16):
+def encode_batched(fields, n: int, step: int = 1 << 16, whole: int | None = None):
     """The byte buffers of :func:`encode_parts` for ``n`` rows, yielded ``step`` rows at a time: ``fields(idx, full)``
     gives the field list of rows ``idx`` (an increasing index array, or a slice); with ``full`` False it is only asked
     for the rows' layouts (rfixed64 values are not read: a ``(rows, 0)`` array will do). The same bytes as one encoding
-    of all rows; only a batch's fields are held, and a layout id per row (:func:`batched_order`)."""
+    of all rows; only a batch's fields are held, and a layout id per row (:func:`batched_order`). Up to ``whole``
+    rows (default ``step``) they are encoded at once: no separate layout pass."""
     if not n:
         return
-    if n <= step:  # one batch: no separate layout pass
+    if n <= max(step, whole or 0):
         parts, _ = encode_parts(fields(slice(0, n), True), n)
         yield from parts
         return

@@ -122,11 +122,11 @@ class _Chrome:
         n = len(rows)
         if not n:
             return
-        us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
+        us = np.unique(h.kernel_slot[rows])
         names = [_j(c.kernel_name(s)) for s in us.tolist()]
-        nid = nid.reshape(-1)
         for a in range(0, n, t.SLICE):
-            r, ids = rows[a : a + t.SLICE], nid[a : a + t.SLICE]
+            r = rows[a : a + t.SLICE]
+            ids = np.searchsorted(us, h.kernel_slot[r])  # the name's index, a slice at a time
             yield from t.render_parts([
                 t.lit(b',\n{"ph":"X","pid":%d,"tid":' % self.pid), t.uint(self.tid(pl.host_tracks(r))),
                 t.lit(',"ts":'), t.ts_us(h.host_ns[r]), t.lit(',"dur":0,"name":'), t.choice(ids, names),
@@ -184,7 +184,7 @@ class _Chrome:
         rows, start, end = pl.kernel_rows, pl.kernel_start, pl.kernel_end  # Plan.launch_spans
         if not len(rows):
             return
-        us, nid = np.unique(h.kernel_slot[rows], return_inverse=True)
+        us = np.unique(h.kernel_slot[rows])
         names = [_j(c.kernel_name(s)) for s in us.tolist()]
         span = b"entry-exit" if pl.exits_recorded else b"entries"
         for a in range(0, len(rows), t.SLICE):
@@ -193,7 +193,7 @@ class _Chrome:
             yield from t.render_parts([
                 t.lit(b',\n{"ph":"X","cat":"kernel","pid":%d,"tid":' % self.pid), t.uint(pl.kernel_track[k]),
                 t.lit(',"ts":'), t.ts_us(c.clock.to_host(start[k].astype(np.uint64))), t.lit(',"dur":'),
-                t.ts_us(end[k] - start[k]), t.lit(',"name":'), t.choice(nid.reshape(-1)[k], names),
+                t.ts_us(end[k] - start[k]), t.lit(',"name":'), t.choice(np.searchsorted(us, h.kernel_slot[r]), names),
                 t.lit(b',"args":{"device":%d,"stream":' % c.device_id), t.uint(h.stream[r]),
                 t.lit(',"correlation":'), t.uint(h.grid_id[r]), t.lit(',"grid":['), t.uint(h.gx[r]), t.lit(","),
                 t.uint(h.gy[r]), t.lit(","), t.uint(h.gz[r]), t.lit('],"block":['), t.uint(dims[0]), t.lit(","),

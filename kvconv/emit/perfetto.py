@@ -45,7 +45,7 @@ DEV_ANN = ("block_x", "replay", "blocks")
 WRITE_ANN = ("cache", "page", "offset", "slot", "request", "slot_owner", "write", "step", "writes")
 HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
 EST_EVENT_BYTES = 40
-HOST_BATCH = 1 << 18  # host records x flows encoded at a time
+HOST_BATCH = 1 << 18  # host records x flows encoded at a time (up to 65,536 records: all at once)
 
 
 def _pb():
@@ -297,7 +297,7 @@ class _Packets:
         flow ids and bytes are held."""
         rows, flows = self.host_rows, self.agg.flows
         yield from w.encode_batched(lambda i, full: self._host_fields(rows[i], flows if full else None), len(rows),
-                                    max(1, min(1 << 16, HOST_BATCH // max(1, self.opt.flows))))
+                                    max(1, min(1 << 16, HOST_BATCH // max(1, self.opt.flows))), whole=1 << 16)
 
     def _host_fields(self, rows: np.ndarray, flows) -> list:
         """The fields of the host records ``rows`` (``flows`` None: flow ids left out, only their count)."""

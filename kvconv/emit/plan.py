@@ -229,10 +229,9 @@ class Plan:
             self.kernel_track[sel] = first + ln
             kind, ix = ("exec", g) if g < len(self.execs) else ("stream", g - len(self.execs))
             self.kernel_tracks.append((kind, ix, first))
-        names = {s: short_name(self.c.kernel_name(s)) for s in np.unique(h.kernel_slot[rows]).tolist()}
-        self.kernel_names = list(names.values())
-        slot_ix = {s: i for i, s in enumerate(names)}
-        self.kernel_name_ix = np.array([slot_ix[s] for s in h.kernel_slot[rows].tolist()], np.int64)
+        slots = np.unique(h.kernel_slot[rows])
+        self.kernel_names = [short_name(self.c.kernel_name(s)) for s in slots.tolist()]
+        self.kernel_name_ix = np.searchsorted(slots, h.kernel_slot[rows]).astype(np.int32)  # no Python int per row
 
     def launch_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(rows, start, end)`` (device ns) of the shown launches with matched blocks: the first block entry to
@@ -269,9 +268,13 @@ class Plan:
         self.node_names: list[str] = []  # "node <ordinal> · <kernel>", one per distinct (ordinal, kernel slot)
         self.node_name_ix = np.zeros(len(rows), np.int32)
         if len(rows):
-            po, ps = h.node_ordinal[rows].astype(np.int64), h.kernel_slot[rows].astype(np.int64)
-            _, firsts, inv = unique_pairs(po, ps)
-            up = np.stack([po[firsts], ps[firsts]], 1)
+            po, ps = h.node_ordinal[rows], h.kernel_slot[rows]
+            # distinct (ordinal, slot) pairs as one i8 key (ordinal >= -1 is i4, the slot u4): unique_pairs' order
+            # and first occurrences, in half its temporaries (this runs over every node execution)
+            key = ((po.astype(np.int64) + 1) << 32) | ps.astype(np.int64)
+            _, firsts, inv = np.unique(key, return_index=True, return_inverse=True)
+            del key
+            up = np.stack([po[firsts].astype(np.int64), ps[firsts].astype(np.int64)], 1)
             short = {s: short_name(self.c.kernel_name(s)) for s in np.unique(up[:, 1]).tolist()}
             self.node_names = [f"node {o} · {short[s]}" for o, s in up.tolist()]
             self.node_name_ix = inv.reshape(-1).astype(np.int32)
