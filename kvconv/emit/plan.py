@@ -97,30 +97,32 @@ def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 
-def unique_pairs(a: np.ndarray, b: np.ndarray):
-    """Distinct (a, b) pairs: (a of each pair, index of its first occurrence, inverse per element)."""
-    n = len(a)
-    if not n:
-        return a[:0], np.zeros(0, np.int64), np.zeros(0, np.int64)
-    o = np.lexsort((np.arange(n), b, a))
-    sa, sb = a[o], b[o]
-    new = np.concatenate([[True], (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])])
-    gid = np.cumsum(new) - 1
-    inv = np.empty(n, np.int64)
-    inv[o] = gid
-    return sa[new], o[new], inv
+def _pairs_by_exec(ex: np.ndarray, v: np.ndarray, n_exec: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (ex, v) pairs in (ex, v) order: each one's first occurrence, and each row's pair, where ``ex``
+    takes the values 0 .. n_exec - 1 (graph execs, a handful): one np.unique per exec, so that the temporaries are
+    one exec's rows at a time."""
+    inv = np.empty(len(ex), np.int64)
+    firsts, base = [], 0
+    for j in range(n_exec):
+        sel = np.flatnonzero(ex == j)
+        if len(sel):
+            _, f, i = np.unique(v[sel], return_index=True, return_inverse=True)
+            inv[sel] = base + i.reshape(-1)
+            firsts.append(sel[f])
+            base += len(f)
+    return (np.concatenate(firsts) if firsts else np.zeros(0, np.int64)), inv
 
 
 def _per_exec_lanes(ex_of: np.ndarray, n_exec: int, st: np.ndarray, en: np.ndarray) -> tuple[np.ndarray, dict]:
     """Lanes of slices grouped by graph exec: (lane per slice, exec -> lanes it needs; execs without one left out)."""
-    lane = np.zeros(len(ex_of), np.int64)
+    lane = np.zeros(len(ex_of), np.int32)
     count = {}
     for j in range(n_exec):
         sel = np.flatnonzero(ex_of == j)
         if len(sel):
             lane[sel] = lanes(st[sel], en[sel])
             count[j] = int(lane[sel].max()) + 1
-    return lane.astype(np.int32), count
+    return lane, count
 
 
 class Plan:
@@ -137,12 +139,13 @@ class Plan:
         self.exec_ix = {e: j for j, e in enumerate(self.execs)}
         self.streams = np.unique(h.stream[shown & (h.kind == EAGER)]).tolist()
         self.stream_ix = {s: j for j, s in enumerate(self.streams)}
-        self._node_slices(np.flatnonzero(gn & (agg.count > 0)))
+        rows_dt = np.int32 if h.n < (1 << 31) else np.int64  # row numbers: what the plan keeps per launch
+        self._node_slices(np.flatnonzero(gn & (agg.count > 0)).astype(rows_dt))
         self._replay_slices()
         n = len(self.execs)
         self.tracks.place_lanes([self.replay_lanes.get(j, 0) for j in range(n)],
                                 [self.node_lanes.get(j, 0) for j in range(n)])
-        self.host_rows = np.flatnonzero(shown)
+        self.host_rows = np.flatnonzero(shown).astype(rows_dt)
         self.canary = canary if canary is not None else canary_steps(c.dump).get(c.context_id)
         self._block_lanes()
 
@@ -268,16 +271,15 @@ class Plan:
         self.node_names: list[str] = []  # "node <ordinal> · <kernel>", one per distinct (ordinal, kernel slot)
         self.node_name_ix = np.zeros(len(rows), np.int32)
         if len(rows):
-            po, ps = h.node_ordinal[rows], h.kernel_slot[rows]
-            # distinct (ordinal, slot) pairs as one i8 key (ordinal >= -1 is i4, the slot u4): unique_pairs' order
-            # and first occurrences, in half its temporaries (this runs over every node execution)
-            key = ((po.astype(np.int64) + 1) << 32) | ps.astype(np.int64)
-            _, firsts, inv = np.unique(key, return_index=True, return_inverse=True)
+            # distinct (ordinal, slot) pairs, in (ordinal, slot) order, as one i8 key (ordinal >= -1 is i4, the slot
+            # u4): one sort of one column over every node execution, each execution's pair found in the few
+            key = ((h.node_ordinal[rows].astype(np.int64) + 1) << 32) | h.kernel_slot[rows].astype(np.int64)
+            u = np.unique(key)
+            self.node_name_ix = np.searchsorted(u, key).astype(np.int32)
             del key
-            up = np.stack([po[firsts].astype(np.int64), ps[firsts].astype(np.int64)], 1)
+            up = np.stack([(u >> 32) - 1, u & 0xFFFFFFFF], 1)
             short = {s: short_name(self.c.kernel_name(s)) for s in np.unique(up[:, 1]).tolist()}
             self.node_names = [f"node {o} · {short[s]}" for o, s in up.tolist()]
-            self.node_name_ix = inv.reshape(-1).astype(np.int32)
 
     def _replay_slices(self) -> None:
         """Replay slices per (exec, launch id): from the first to the last block of its node executions."""
@@ -287,7 +289,7 @@ class Plan:
         st = en = np.zeros(0, np.uint64)
         if len(rows):
             lid = h.launch_id[rows].astype(np.uint64)  # replay ids are u64 (kept so: a huge one is not negative)
-            _, firsts, inv = unique_pairs(self.node_exec, lid)
+            firsts, inv = _pairs_by_exec(self.node_exec, lid, len(self.execs))
             st = np.full(len(firsts), np.iinfo(np.uint64).max, np.uint64)
             en = np.zeros(len(firsts), np.uint64)
             np.minimum.at(st, inv, agg.first_ts[rows])
