@@ -250,8 +250,13 @@ class LaunchDurations:
 
     def finish(self, start_ns: np.ndarray | None = None) -> Durations:
         start = self.start if start_ns is None else np.asarray(start_ns, np.int64)
-        if self.end is None:
-            self._alloc()
+        if self.end is None:  # no exit in the context: read-only constant columns, no memory per row (issue 13:
+            # 32 bytes per launch held at 10 GiB for an enter-only dump)
+            end = np.broadcast_to(np.int64(_I64.min), (self.n,))
+            zero = np.broadcast_to(np.int64(0), (self.n,))
+            return Durations(start_ns=start, end_ns=end, exits=zero, blocks=zero, block_ns_max=zero,
+                             exit_events=0, unattributed_exits=0, open_entries=0,
+                             orphan_exits=self.pairer.orphans)
         return Durations(start_ns=start, end_ns=self.end, exits=self.exits, blocks=self.blocks,
                          block_ns_max=self.bmax, exit_events=self.n_exit,
                          unattributed_exits=self.unattributed, open_entries=self.pairer.open if self.n_exit else 0,
