@@ -109,3 +109,9 @@ def _lookup(table: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 _LUT_MAX = 1 << 22
+
+
+def _crc_finding(c: _Collector, g: dumpmod.Group) -> None:
+    """A group whose payload fails its checksum (validate's pass over the events, and every other group after it)."""
+    c.add("error", "payload-checksum", "payload checksum does not match header.payload_crc32 (the records are "
+          "damaged)", group=g.index, offset=g.payload_offset, field="header.payload_crc32")

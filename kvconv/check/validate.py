@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kvconv.check._collect import _Collector
+from kvconv.check._collect import _Collector, _crc_finding
 from kvconv.check.validate_events import _check_device_events, _ContextView, _grid_tables, _Pages
 from kvconv.check.validate_records import (
     _check_clock_sync,
@@ -27,7 +27,6 @@ from kvconv.check.validate_records import (
     _check_host_launches,
     _check_kernels,
     _check_metadata,
-    _crc_finding,
 )
 from kvconv.format import codes, layout
 from kvconv.format import dump as dumpmod

@@ -11,8 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from kvconv._workers import worker
-from kvconv.check._collect import RELEASE_BYTES, Lookup, _bits_mask, _Collector, _enum_values, _known
-from kvconv.check.validate_records import _crc_finding
+from kvconv.check._collect import (
+    RELEASE_BYTES,
+    Lookup,
+    _bits_mask,
+    _Collector,
+    _crc_finding,
+    _enum_values,
+    _known,
+)
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 

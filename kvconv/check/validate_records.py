@@ -93,11 +93,6 @@ def _check_headers(d: dumpmod.Dump, c: _Collector) -> None:
                   group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
 
 
-def _crc_finding(c: _Collector, g: dumpmod.Group) -> None:
-    c.add("error", "payload-checksum", "payload checksum does not match header.payload_crc32 (the records are "
-          "damaged)", group=g.index, offset=g.payload_offset, field="header.payload_crc32")
-
-
 HOST_CHUNK = 1 << 16  # host records checked (and their pages given back) at a time: 6 MiB
 
 
