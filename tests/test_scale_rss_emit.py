@@ -43,7 +43,9 @@ def big_two_contexts(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("emitter,bound", [("perfetto", 0.30), ("chrome", 0.40)])
+# Bounds between the old peaks (0.36 and 0.47 of the dump) and the new ones: perfetto measured 102 MiB here and
+# 117 MiB (0.31) in CI's fresh clone, where 0.30 failed; 0.34 still fails on the old code's 139 MiB.
+@pytest.mark.parametrize("emitter,bound", [("perfetto", 0.34), ("chrome", 0.40)])
 def test_host_state_of_one_context_at_a_time(big_two_contexts, tmp_path, emitter, bound):
     """Per host launch record the emitters keep its launch-table row, the first pass's aggregates and the plan's
     columns: on a large dump only one context's at a time (kvconv.emit._stream.Ctx.held, _contexts.Plans), and the
