@@ -103,11 +103,6 @@ class Lookup:
         return pos, table[pos] == values
 
 
-def _lookup(table: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`Lookup` of one set of values."""
-    return Lookup(table)(values)
-
-
 _LUT_MAX = 1 << 22
 
 

@@ -20,6 +20,7 @@ from kvconv.check._collect import (
     _enum_values,
     _known,
 )
+from kvconv.check.reconcile.exact import run_starts
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 
@@ -106,13 +107,7 @@ class _EventChecks:
         gids, gdims, slots, sdims = self.grids
         exact = (flags & self.has_gid) != 0
         gid = ev["gridid"]
-        chg = gid[1:] != gid[:-1]
-        chg |= slot[1:] != slot[:-1]
-        chg |= exact[1:] != exact[:-1]
-        st = np.empty(int(np.count_nonzero(chg)) + 1, np.int64)
-        st[0] = 0
-        st[1:] = np.flatnonzero(chg)
-        st[1:] += 1
+        st = run_starts(gid, slot, exact)
         ex = exact[st]
         pos_g, found_g = gids(gid[st])
         pos_s, found_s = slots(slot[st])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconv._workers import worker
-from kvconv.check.reconcile.exact import ExactJoin
+from kvconv.check.reconcile.exact import ExactJoin, run_starts
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.clock import Clock
 from kvconv.format import dump as dumpmod
@@ -219,14 +219,7 @@ def event_runs(recs: np.ndarray) -> np.ndarray:
     else:
         g, t = recs["gridid"], recs["tag"]
         kf = recs["kind"].astype(np.uint16) | (recs["flags"].astype(np.uint16) << np.uint16(8))
-    chg = g[1:] != g[:-1]
-    chg |= t[1:] != t[:-1]
-    chg |= kf[1:] != kf[:-1]
-    st = np.flatnonzero(chg)
-    out = np.empty(len(st) + 1, np.int64)
-    out[0] = 0
-    out[1:] = st + 1
-    return out
+    return run_starts(g, t, kf)
 
 
 def heads(recs: np.ndarray, starts: np.ndarray):

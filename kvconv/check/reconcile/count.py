@@ -31,9 +31,8 @@ class Counts:
 def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
                  strict_coverage: bool) -> Counts:
     """``tally``: the join's per-launch reductions (:mod:`kvconv.check.reconcile.tally`); ``o``: the ordered join's
-    extras
-    (:class:`kvconv.check.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered join's regions
-    name their first event), or None."""
+    extras (:class:`kvconv.check.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered
+    join's regions name their first event), or None."""
     distinct = tally.distinct
     exp = _Expected(t)
     in_region = o.in_region if o is not None else np.zeros(t.n, bool)

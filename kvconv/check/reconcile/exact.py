@@ -161,12 +161,16 @@ def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: No
 
 def runs(gid, tag, flags) -> np.ndarray:
     """Starts of runs of events with equal (gridid, tag, flags): one launch's blocks come in a run."""
-    n = len(gid)
-    if not n:
+    return run_starts(gid, tag, flags)
+
+
+def run_starts(*cols: np.ndarray) -> np.ndarray:
+    """Starts of runs of equal values in every column of ``cols`` (equal lengths), as int64 indices."""
+    if not len(cols[0]):
         return np.zeros(0, np.int64)
-    chg = gid[1:] != gid[:-1]
-    chg |= tag[1:] != tag[:-1]
-    chg |= flags[1:] != flags[:-1]
+    chg = cols[0][1:] != cols[0][:-1]
+    for col in cols[1:]:
+        chg |= col[1:] != col[:-1]
     out = np.empty(int(np.count_nonzero(chg)) + 1, np.int64)
     out[0] = 0
     out[1:] = np.flatnonzero(chg)
