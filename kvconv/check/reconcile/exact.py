@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvconv.check._runs import run_starts
 from kvconv.check.reconcile._notes import Notes, hexs, plural, ranges
 from kvconv.check.reconcile.events import BLOCK_ENTER, Events
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short, launch_name
@@ -162,20 +163,6 @@ def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: No
 def runs(gid, tag, flags) -> np.ndarray:
     """Starts of runs of events with equal (gridid, tag, flags): one launch's blocks come in a run."""
     return run_starts(gid, tag, flags)
-
-
-def run_starts(*cols: np.ndarray) -> np.ndarray:
-    """Starts of runs of equal values in every column of ``cols`` (equal lengths), as int64 indices."""
-    if not len(cols[0]):
-        return np.zeros(0, np.int64)
-    chg = cols[0][1:] != cols[0][:-1]
-    for col in cols[1:]:
-        chg |= col[1:] != col[:-1]
-    out = np.empty(int(np.count_nonzero(chg)) + 1, np.int64)
-    out[0] = 0
-    out[1:] = np.flatnonzero(chg)
-    out[1:] += 1
-    return out
 
 
 @dataclass(frozen=True)

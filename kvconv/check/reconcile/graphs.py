@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvconv.check._runs import run_starts
 from kvconv.check.reconcile._notes import Notes, hexs, ranges
 from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kernel_short
 
@@ -34,21 +35,25 @@ class GraphExec:
 
 
 def host_graphs(t: LaunchTable, names: dict, notes: Notes) -> list[GraphExec]:
-    g = np.flatnonzero((t.kind == GRAPH_NODE) & ~t.upload)
-    if not len(g):
+    live = (t.kind == GRAPH_NODE) & ~t.upload
+    if not live.any():
         return []
-    g = g.astype(np.int32 if t.n < (1 << 31) else np.int64)  # rows kept per graph exec: half the bytes
-    # (graph exec, replay, record) order; graph-node rows are in record order. Replays normally grow in record
-    # order within a graph exec: then a stable sort by graph exec is the whole sort (less memory than a lexsort)
-    order = g[np.argsort(t.graph_exec[g], kind="stable")]
-    ex = t.graph_exec[order]
-    rep = t.launch_id[order]
-    if not bool(np.all((rep[1:] >= rep[:-1]) | (ex[1:] != ex[:-1]))):
-        order = g[np.lexsort((g, t.launch_id[g], t.graph_exec[g]))]
-        ex = t.graph_exec[order]
-    del rep
-    brk = np.flatnonzero(ex[1:] != ex[:-1]) + 1
-    return [_one_graph(t, names, notes, idx) for idx in np.split(order, brk)]
+    # one graph exec at a time, its rows found by a comparison over the column (no sort of every graph-node row, no
+    # per-row gather: the rows' temporaries are the peak of a large dump's report stage, issue 13). The distinct
+    # graph execs from the starts of runs of one exec (a tracer writes a replay's records together).
+    st = run_starts(t.graph_exec, live)
+    execs = np.unique(t.graph_exec[st[live[st]]])
+    rows = np.int32 if t.n < (1 << 31) else np.int64  # rows kept per graph exec: half the bytes
+    out = []
+    for e in execs:
+        idx = np.flatnonzero((t.graph_exec == e) & live).astype(rows)
+        rep = t.launch_id[idx]
+        # (replay, record) order; replays normally grow in record order within a graph exec: then no sort
+        if not bool(np.all(rep[1:] >= rep[:-1])):
+            idx = idx[np.lexsort((idx, rep))]
+        del rep
+        out.append(_one_graph(t, names, notes, idx))
+    return out
 
 
 def _node_findings(notes: Notes, gname: str, replays, nodes, ordmap, cnt, unstable, best) -> tuple[list, list]:

@@ -1,0 +1,66 @@
+"""A chunk of device events as runs of one launch's blocks, found once and read by every check of the chunk: validate's
+record checks (flags, kernel slots, blockIdx against the grid) and the reconciler's streaming pass (the exact join and
+the tally) each work per run instead of per event, and no column of the chunk is compared twice.
+
+    >>> r = chunk_runs(ev, ev["kind"])                     # doctest: +SKIP
+    >>> r.starts, r.lens, r.gid, r.flags, r.max["block_x"]  # per run
+    >>> r.all_enter                                        # every event a block entry
+
+A run is a stretch of events with equal gridid, tag, flags and kernel slot (a tracer writes a launch's blocks
+together): whatever is constant in a run is read at its first event, and a run's largest blockIdx is its maximum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconv.format import layout
+
+BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
+
+
+@dataclass(frozen=True)
+class Runs:
+    starts: np.ndarray  # i8: first event of each run
+    lens: np.ndarray  # i8: events in each run
+    gid: np.ndarray  # per run: its gridid, tag, flags, kernel slot (those of every event in it)
+    tag: np.ndarray
+    flags: np.ndarray
+    slot: np.ndarray
+    max: dict  # "block_x" / "block_y" / "block_z" -> per run, the largest
+    all_enter: bool  # every event of the chunk a block entry (its kind column need not be read again)
+
+    @property
+    def n(self) -> int:
+        return len(self.starts)
+
+
+def run_starts(*cols: np.ndarray) -> np.ndarray:
+    """Starts of runs of equal values in every column of ``cols`` (equal lengths), as int64 indices."""
+    if not len(cols[0]):
+        return np.zeros(0, np.int64)
+    chg = cols[0][1:] != cols[0][:-1]
+    for col in cols[1:]:
+        chg |= col[1:] != col[:-1]
+    out = np.empty(int(np.count_nonzero(chg)) + 1, np.int64)
+    out[0] = 0
+    out[1:] = np.flatnonzero(chg)
+    out[1:] += 1
+    return out
+
+
+def chunk_runs(ev: np.ndarray, kind: np.ndarray) -> Runs:
+    """The runs of a chunk of device event records (``kind``: its kind column, already read by the caller)."""
+    gid, tag, flags, slot = ev["gridid"], ev["tag"], ev["flags"], ev["kernel_slot"]
+    st = run_starts(gid, tag, flags, slot)
+    n = len(ev)
+    lens = np.empty(len(st), np.int64)
+    lens[:-1] = st[1:] - st[:-1]
+    if len(st):
+        lens[-1] = n - st[-1]
+    mx = {b: np.maximum.reduceat(ev[b], st) if n else np.zeros(0, ev.dtype[b]) for b in ("block_x", "block_y",
+                                                                                             "block_z")}
+    return Runs(starts=st, lens=lens, gid=gid[st], tag=tag[st], flags=flags[st], slot=slot[st], max=mx,
+                all_enter=bool(np.all(kind == BLOCK_ENTER)))
