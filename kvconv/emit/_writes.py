@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconv.check.canary import write_join as wj
+from kvconv.emit._arrays import array
 from kvconv.format import layout
 
 _EVF = layout.ENUMS["event_flags"]
@@ -116,17 +117,18 @@ def arrow_columns(pa, w: wj.WriteJoin, kernel_names) -> dict:
     cols["context_id"] = np.full(n, w.context_id, np.uint32)
     cols["record"] = np.arange(n, dtype=np.int64)
     cols["kernel"] = kernel_names(r["kernel_slot"])
-    cols["cache"] = pa.array([names.get(int(k)) if ok else None for k, ok in
+    cols["cache"] = array(pa, [names.get(int(k)) if ok else None for k, ok in
                               zip(r["cache_id"].tolist(), in_cache.tolist())], pa.string())
-    cols["kv_slot"] = pa.array(w.slot, pa.int64(), mask=~in_cache)
+    cols["kv_slot"] = array(pa, w.slot, pa.int64(), mask=~in_cache)
     cols["outside_cache"] = outside
     cols["host_kind"] = w.host_kind
     cols["host_index"] = w.host_index
     cols["replay"] = w.replay
     cols["node_id"] = w.node
-    cols["write_step"] = pa.array(w.step_number(), pa.uint64(), mask=w.step_idx < 0)
-    cols["request"] = pa.array(w.request, pa.uint64(), mask=~w.has_request)
-    cols["slot_owner"] = pa.array(w.owner, pa.uint64(), mask=~w.has_owner)
-    cols["slot_owner_step"] = pa.array(w.owner_step, pa.uint64(), mask=~w.has_owner)
-    cols["status"] = pa.DictionaryArray.from_arrays(pa.array(w.status.astype(np.int8)), pa.array(list(wj.STATUS)))
+    cols["write_step"] = array(pa, w.step_number(), pa.uint64(), mask=w.step_idx < 0)
+    cols["request"] = array(pa, w.request, pa.uint64(), mask=~w.has_request)
+    cols["slot_owner"] = array(pa, w.owner, pa.uint64(), mask=~w.has_owner)
+    cols["slot_owner_step"] = array(pa, w.owner_step, pa.uint64(), mask=~w.has_owner)
+    cols["status"] = pa.DictionaryArray.from_arrays(array(pa, w.status.astype(np.int8)),
+                                                    array(pa, list(wj.STATUS), pa.string()))
     return cols

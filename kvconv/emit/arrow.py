@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from kvconv._workers import worker
+from kvconv.emit._arrays import array
 from kvconv.emit._contexts import emit_run
 from kvconv.emit._stream import GRAPH_NODE, RELEASE_BYTES, SLICE
 from kvconv.emit.options import EmitOptions, EmitResult
@@ -128,7 +129,7 @@ class _Sink:
 
     def write(self, cols: dict) -> None:
         pa = self.pa
-        arrays = [pa.array(cols[f.name], type=f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
+        arrays = [array(pa, cols[f.name], f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
                   for f in self.schema]
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         if self.pq:
@@ -229,8 +230,8 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
 
 def _kernel_names(pa, c, slots: np.ndarray):
     us, inv = np.unique(slots, return_inverse=True)
-    return pa.DictionaryArray.from_arrays(pa.array(inv.reshape(-1).astype(np.int32)),
-                                          pa.array([c.kernel_name(k) for k in us.tolist()], pa.string()))
+    return pa.DictionaryArray.from_arrays(array(pa, inv.reshape(-1).astype(np.int32)),
+                                          array(pa, [c.kernel_name(k) for k in us.tolist()], pa.string()))
 
 
 def _launch_table(pa, c, sink, options: EmitOptions) -> None:
@@ -258,14 +259,14 @@ def _launch_table(pa, c, sink, options: EmitOptions) -> None:
     timed, dur = d.timed, d.duration_ns  # computed once, not per batch
     rows = np.flatnonzero(h.shown)
     slots = np.unique(h.kernel_slot[rows])
-    kernels = pa.array([c.kernel_name(k) for k in slots.tolist()], pa.string())  # one dictionary for every batch
+    kernels = array(pa, [c.kernel_name(k) for k in slots.tolist()], pa.string())  # one dictionary for every batch
     s = None
     # a record batch (Parquet: row group) of BATCH launches at a time, as the other tables: one on small dumps
     for a in range(0, max(len(rows), 1), BATCH):
         r = rows[a : a + BATCH]
         cols = _launch_columns(pa, c, d, count[r], last[r], r, timed[r], dur[r])
         cols["kernel"] = pa.DictionaryArray.from_arrays(
-            pa.array(np.searchsorted(slots, h.kernel_slot[r]).astype(np.int32)), kernels)
+            array(pa, np.searchsorted(slots, h.kernel_slot[r]).astype(np.int32)), kernels)
         if s is None:
             fields = [pa.field(k, v.type if isinstance(v, pa.Array) else pa.from_numpy_dtype(v.dtype))
                       for k, v in cols.items() if k != "context_id"]
@@ -281,10 +282,10 @@ def _launch_columns(pa, c, d, count, last, rows, timed, dur) -> dict:
     h = c.host
     has_start = count > 0
     isg = h.kind[rows] == GRAPH_NODE
-    i64 = lambda v, m: pa.array(v, pa.int64(), mask=~m)  # noqa: E731 - null where not known
+    i64 = lambda v, m: array(pa, v.astype(np.int64, copy=False), pa.int64(), mask=~m)  # noqa: E731 - null where not known
     return {"context_id": np.full(len(rows), c.context_id, np.uint32),
-            "kind": pa.DictionaryArray.from_arrays(pa.array(np.where(isg, 0, 1).astype(np.int8)),
-                                                   pa.array(["graph_node", "eager_launch"])),
+            "kind": pa.DictionaryArray.from_arrays(array(pa, np.where(isg, 0, 1).astype(np.int8)),
+                                                   array(pa, ["graph_node", "eager_launch"], pa.string())),
             "host_index": h.index[rows].astype(np.int64), "graph_exec": h.graph_exec[rows],
             "replay": np.where(isg, h.launch_id[rows], 0).astype(np.uint64),
             "node_ordinal": h.node_ordinal[rows].astype(np.int32),
@@ -378,7 +379,7 @@ def _small_tables(pa, c, sink) -> int:
         put("metadata", {"context_id": ctxcol(1), "json": [json.dumps(d.metadata(context_id=ctx), sort_keys=True)]},
             None, fields=[pa.field("json", pa.string())])
     if has("strings"):
-        put("strings", {"context_id": ctxcol(1), "blob": pa.array([blob], pa.binary())}, None,
+        put("strings", {"context_id": ctxcol(1), "blob": array(pa, [blob], pa.binary())}, None,
             fields=[pa.field("blob", pa.binary())])
     return host
 
@@ -444,4 +445,5 @@ def _fill_matches(c, first: int, recs: np.ndarray, cols: dict, at: int, tabs: li
 
 
 def _join_names(pa, join: np.ndarray):
-    return pa.DictionaryArray.from_arrays(pa.array(join.astype(np.int8)), pa.array(["none", "exact", "ordered"]))
+    return pa.DictionaryArray.from_arrays(array(pa, join.astype(np.int8)),
+                                          array(pa, ["none", "exact", "ordered"], pa.string()))
