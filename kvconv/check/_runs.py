@@ -51,8 +51,9 @@ def run_starts(*cols: np.ndarray) -> np.ndarray:
     return out
 
 
-def chunk_runs(ev: np.ndarray, kind: np.ndarray) -> Runs:
-    """The runs of a chunk of device event records (``kind``: its kind column, already read by the caller)."""
+def chunk_runs(ev: np.ndarray, kind: np.ndarray | None = None) -> Runs:
+    """The runs of a chunk of device event records (``kind``: its kind column, already read by the caller; None:
+    every event is known to be a block entry)."""
     gid, tag, flags, slot = ev["gridid"], ev["tag"], ev["flags"], ev["kernel_slot"]
     st = run_starts(gid, tag, flags, slot)
     n = len(ev)
@@ -63,4 +64,4 @@ def chunk_runs(ev: np.ndarray, kind: np.ndarray) -> Runs:
     mx = {b: np.maximum.reduceat(ev[b], st) if n else np.zeros(0, ev.dtype[b]) for b in ("block_x", "block_y",
                                                                                              "block_z")}
     return Runs(starts=st, lens=lens, gid=gid[st], tag=tag[st], flags=flags[st], slot=slot[st], max=mx,
-                all_enter=bool(np.all(kind == BLOCK_ENTER)))
+                all_enter=kind is None or bool(np.all(kind == BLOCK_ENTER)))

@@ -20,7 +20,7 @@ from kvconv.check._collect import (
     _enum_values,
     _known,
 )
-from kvconv.check.reconcile.exact import run_starts
+from kvconv.check._runs import BLOCK_ENTER, Runs, chunk_runs
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 
@@ -28,6 +28,7 @@ EV_CHUNK = 1 << 15  # 2 MiB of events: every check of a chunk runs while it is i
 
 
 _EV = layout.LAYOUTS["device_event"]
+assert BLOCK_ENTER in layout.ENUMS["event_kind"].values()  # a chunk of block entries holds no unknown kind
 
 
 def _check_device_events(d, c: _Collector, kernel_slots: set[int] | None, grids, *, feed=None,
@@ -47,10 +48,11 @@ def _check_device_events(d, c: _Collector, kernel_slots: set[int] | None, grids,
         for base, ev in g.chunks(EV_CHUNK):
             if crc is not None:
                 crc.add(ev)
-            kind = ev["kind"]  # (the reconciler's pass compares it too: handed over, not read again)
+            kind = ev["kind"]
+            runs = chunk_runs(ev, kind)  # (the reconciler's pass reads the runs too: handed over, not found again)
             if feed is not None:
-                feed(ctx_base + base, ev, kind)
-            checks.chunk(c, g, ev, base, kind)
+                feed(ctx_base + base, ev, kind, runs)
+            checks.chunk(c, g, ev, base, kind, runs)
             order.add(ev, base)
             if pages is not None:
                 pages.done(g, base, len(ev), crc)
@@ -89,34 +91,35 @@ class _EventChecks:
             gids, gdims, slots, sdims = grids
             self.grids = (Lookup(gids), gdims, Lookup(slots), sdims)
 
-    def chunk(self, c: _Collector, g: dumpmod.Group, ev: np.ndarray, base: int, kind: np.ndarray) -> None:
-        c.mask("error", "bad-enum", "event kind is not a known kind", g, ~self.kind_ok[kind], "kind", base, kind)
-        flags = ev["flags"]
-        c.mask("error", "bad-flags", "unknown flag bits set", g, (flags & self.fmask) != 0, "flags", base, flags)
-        slot = ev["kernel_slot"]
-        if self.known is not None:
+    def chunk(self, c: _Collector, g: dumpmod.Group, ev: np.ndarray, base: int, kind: np.ndarray, runs: Runs) -> None:
+        """The checks of a chunk, per run of one launch's blocks (``runs``: whatever is constant in a run is checked
+        once); the events of a run found bad are then named one by one."""
+        if not runs.all_enter:  # (a chunk of block entries only holds no unknown kind)
+            c.mask("error", "bad-enum", "event kind is not a known kind", g, ~self.kind_ok[kind], "kind", base, kind)
+        if bool(((runs.flags & self.fmask) != 0).any()):
+            flags = ev["flags"]
+            c.mask("error", "bad-flags", "unknown flag bits set", g, (flags & self.fmask) != 0, "flags", base, flags)
+        if self.known is not None and not bool(self.known(runs.slot)[1].all()):
+            slot = ev["kernel_slot"]
             c.mask("error", "unknown-kernel-slot", "kernel slot is missing from the kernel table", g,
                    ~self.known(slot)[1], "kernel_slot", base, slot)
-        if self.grids is not None and len(ev) and self._any_outside(ev, flags, slot):
+        if self.grids is not None and len(ev) and self._any_outside(runs):
             c.mask("error", "block-outside-grid", "blockIdx lies outside the grid of its launch", g,
-                   self._outside(ev, flags, slot), "block_x", base, ev["block_x"])
+                   self._outside(ev, ev["flags"], ev["kernel_slot"]), "block_x", base, ev["block_x"])
 
-    def _any_outside(self, ev: np.ndarray, flags: np.ndarray, slot: np.ndarray) -> bool:
-        """Whether :meth:`_outside` finds any event, per run of events of one launch (one look-up and one maximum
-        per axis per run: a launch's blocks come in a run) instead of per event."""
+    def _any_outside(self, runs: Runs) -> bool:
+        """Whether :meth:`_outside` finds any event, per run (one look-up and the run's largest blockIdx per axis)
+        instead of per event."""
         gids, gdims, slots, sdims = self.grids
-        exact = (flags & self.has_gid) != 0
-        gid = ev["gridid"]
-        st = run_starts(gid, slot, exact)
-        ex = exact[st]
-        pos_g, found_g = gids(gid[st])
-        pos_s, found_s = slots(slot[st])
+        ex = (runs.flags & self.has_gid) != 0
+        pos_g, found_g = gids(runs.gid)
+        pos_s, found_s = slots(runs.slot)
         use = np.where(ex, found_g, found_s)
         if not bool(use.any()):
             return False
-        bad = np.zeros(len(st), dtype=bool)
+        bad = np.zeros(runs.n, dtype=bool)
         for b, dim in _AXES:
-            bad |= np.maximum.reduceat(ev[b], st) >= np.where(ex, gdims[dim][pos_g], sdims[dim][pos_s])
+            bad |= runs.max[b] >= np.where(ex, gdims[dim][pos_g], sdims[dim][pos_s])
         return bool((bad & use).any())
 
     def _outside(self, ev: np.ndarray, flags: np.ndarray, slot: np.ndarray) -> np.ndarray:

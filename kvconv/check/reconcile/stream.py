@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvconv.check._runs import Runs, chunk_runs
 from kvconv.check.reconcile.events import BLOCK_ENTER
-from kvconv.check.reconcile.exact import JOIN_EXACT, ExactJoin, Unmatched, runs, unmatched_keys
+from kvconv.check.reconcile.exact import JOIN_EXACT, ExactJoin, Unmatched, unmatched_keys
 from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable
 from kvconv.check.reconcile.report import MATCH_DTYPE
 from kvconv.check.reconcile.tally import TallyBuilder
@@ -45,24 +46,32 @@ class ContextStream:
             self.matches["device_index"] = np.arange(n_events)
             self.replay, self.ordinal = t.replay, t.node_ordinal
 
-    def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None) -> None:
+    def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None, runs: Runs | None = None) -> None:
         """The next chunk of the context's device events (``base``: the index of ``recs[0]``; ``kind``: its kind
-        column, when the caller read it already)."""
+        column and ``runs`` its runs (:func:`kvconv.check._runs.chunk_runs`), when the caller found them already)."""
         self.n_all += len(recs)
         if kind is None and (self.dur is not None or self.in_order):
             kind = recs["kind"]
-        be = kind == BLOCK_ENTER if kind is not None else None
+        be = None
+        if runs is not None:
+            all_enter = runs.all_enter
+        elif kind is not None:
+            be = kind == BLOCK_ENTER
+            all_enter = bool(be.all())
+        else:
+            all_enter = False
         if self.dur is not None:  # exits and block pairs: order-independent, kept when the pass gives up
-            self.dur.feed(base, recs, kind, enters_only=bool(be.all()))
+            self.dur.feed(base, recs, kind, enters_only=all_enter)
         if not self.in_order or not len(recs):
             return
-        if bool(be.all()):
+        if all_enter:
             sub, idx = recs, np.arange(base, base + len(recs), dtype=np.int64)
         else:
-            bi = np.flatnonzero(be)
+            bi = np.flatnonzero(be if be is not None else kind == BLOCK_ENTER)
             sub, idx = recs[bi], base + bi.astype(np.int64)
+            runs = None  # the chunk's runs span every kind: the entries' own are found below
         if self.matches is not None:
-            self._defaults(base, len(recs), be)
+            self._defaults(base, len(recs), all_enter)
         if not len(sub):
             return
         seq = sub["sequence"]
@@ -74,27 +83,26 @@ class ContextStream:
             self.first_idx = int(idx[0])
         self.last_idx = int(idx[-1])
         self.n += len(sub)
-        self._join(sub, idx)
+        self._join(sub, idx, runs if runs is not None else chunk_runs(sub))
 
-    def _join(self, sub, idx) -> None:
-        flags, gid, tag = sub["flags"], sub["gridid"], sub["tag"]
-        hg = (flags & _GID) != 0
-        n_gid = int(np.count_nonzero(hg))
+    def _join(self, sub, idx, runs: Runs) -> None:
+        """The exact join of block entries in sequence order, one look-up per run of one launch's blocks."""
+        hg_run = (runs.flags & _GID) != 0
+        n_gid = int(runs.lens[hg_run].sum())
         self.any_gid = self.any_gid or n_gid > 0
         self.lacking += len(sub) - n_gid
-        starts = runs(gid, tag, flags)
-        lens = np.diff(starts, append=len(sub))
+        starts, lens = runs.starts, runs.lens
         if self.xj is not None and n_gid:
-            rows = self.xj.lookup(gid[starts], tag[starts], flags[starts], np.full(len(starts), BLOCK_ENTER, np.uint8))
+            rows = self.xj.lookup(runs.gid, runs.tag, runs.flags, np.full(runs.n, BLOCK_ENTER, np.uint8))
         else:
-            rows = np.full(len(starts), -1, np.int64)
+            rows = np.full(runs.n, -1, np.int64)
         ok = rows >= 0
         x, tt = sub["block_x"], sub["globaltimer"]
         y, z = sub["block_y"], sub["block_z"]
         if self.matches is not None:
             self._fill(idx, rows, lens)
         if bool(ok.all()):
-            self.b.add_runs(rows, starts, len(sub), x, y, z, tt, idx)
+            self.b.add_runs(rows, starts, len(sub), x, y, z, tt, idx, lens=lens, xyz_max=runs.max)
             return
         sel = np.repeat(ok, lens)
         if ok.any():
@@ -102,17 +110,18 @@ class ContextStream:
             lk = lens[ok]
             self.b.add_runs(rows[ok], np.r_[0, np.cumsum(lk)[:-1]], len(s), x[s], y[s], z[s], tt[s], idx[s])
         self.b.add_unmatched(int(lens[~ok].sum()))
-        un = np.flatnonzero(~sel & hg)
+        un = np.flatnonzero(~sel & np.repeat(hg_run, lens))
         if len(un) and self.xj is not None:
+            flags, gid, tag = sub["flags"], sub["gridid"], sub["tag"]
             ht = (flags[un] & _TAG) != 0
             self.parts.append(unmatched_keys(gid[un], tag[un], ht, idx[un], sub["kernel_slot"][un], tt[un])[0])
             if self.matches is not None:
                 self.un_events.append((idx[un], gid[un].astype(np.uint64),
                                        np.where(ht, tag[un], 0).astype(np.uint64)))
 
-    def _defaults(self, base: int, n: int, be) -> None:
+    def _defaults(self, base: int, n: int, all_enter: bool) -> None:
         mt = self.matches[base : base + n]
-        if not bool(be.all()):
+        if not all_enter:
             mt["host_kind"], mt["host_index"], mt["replay"], mt["node_ordinal"], mt["join"] = 0, -1, 0, -1, 0
 
     def _fill(self, idx, rows, lens) -> None:

@@ -102,33 +102,37 @@ class TallyBuilder:
         st = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]  # runs of one launch
         self.add_runs(h[st], st, n, x, y, z, tt, dev)
 
-    def add_runs(self, rows, starts, n: int, x, y, z, tt, dev) -> None:
+    def add_runs(self, rows, starts, n: int, x, y, z, tt, dev, *, lens=None, xyz_max: dict | None = None) -> None:
         """Events (sequence order) in runs: run ``i`` (from ``starts[i]``) matched to launch-table row ``rows[i]``.
         The per-event work is a few passes: 1-D grids whose blocks are all inside and all new (the usual case) need
-        no sort; anything else goes the way of :meth:`add_matched`."""
+        no sort; anything else goes the way of :meth:`add_matched`. ``lens`` (events per run) and ``xyz_max`` (per
+        run, the largest block_x / block_y / block_z): when the caller has them (:class:`kvconv.check._runs.Runs`)."""
         if not n:
             return
-        self._per_run(rows, starts, n, tt)
+        if lens is None:
+            lens = np.diff(starts, append=n)
+        self._per_run(rows, starts, n, tt, lens)
         t = self.t
-        if self.bits is not None and not y.any() and not z.any():
-            xmax = np.maximum.reduceat(x, starts)
+        flat = (not xyz_max["block_y"].any() and not xyz_max["block_z"].any()) if xyz_max is not None else (
+            not y.any() and not z.any())
+        if self.bits is not None and flat:
+            xmax = xyz_max["block_x"] if xyz_max is not None else np.maximum.reduceat(x, starts)
             if bool(np.all((xmax < t.gx[rows]) & (t.gy[rows] > 0) & (t.gz[rows] > 0))):
-                if self._bitmap_runs(rows, starts, n, x):
+                if self._bitmap_runs(rows, lens, n, x):
                     return
-                h = np.repeat(rows, np.diff(starts, append=n))
+                h = np.repeat(rows, lens)
                 key = self.base[h] + x.astype(np.int64)
                 self._repeat_events(h, key, dev, x.astype(np.uint64), y.astype(np.uint64), z.astype(np.uint64))
                 self._set_bits(key)
                 return
-        self._blocks(np.repeat(rows, np.diff(starts, append=n)), x, y, z, dev)
+        self._blocks(np.repeat(rows, lens), x, y, z, dev)
 
-    def _bitmap_runs(self, rows, starts, n: int, x) -> bool:
+    def _bitmap_runs(self, rows, lens, n: int, x) -> bool:
         """Set the bits of in-grid blocks of 1-D grids; False (nothing set) when one repeats a block seen before
         or in this chunk, or when the chunk's keys spread too far for a dense pass."""
         b0 = self.base[rows]
         lo = int(b0.min()) & ~63
         span = int((b0 + np.maximum(self.t.grid[rows], 0)).max()) - lo
-        lens = np.diff(starts, append=n)
         if span > 16 * n + (1 << 16):
             key = np.repeat(b0.astype(np.int64), lens)
             key += x
@@ -161,7 +165,7 @@ class TallyBuilder:
         if len(ws):
             self.bits[w[ws]] |= np.bitwise_or.reduceat(b, ws)
 
-    def _per_run(self, hr, st, n: int, tt) -> None:
+    def _per_run(self, hr, st, n: int, tt, lens) -> None:
         """Counts and earliest / latest entry per launch, from the runs (``hr``: the run's row, ``st``: its start)."""
         t = self.t
         self.matched += n
@@ -169,7 +173,7 @@ class TallyBuilder:
         lo = np.minimum.reduceat(ts, st)
         if self.tmin_u is None and (tt.dtype != np.uint64 or bool((lo < 0).any())):
             self.tmin_u = np.where(self.recorded > 0, self.tmin.view(np.uint64), _U64_MAX).astype(np.uint64)
-        lens = np.diff(st, append=n).astype(self.count_dtype)  # ufunc.at casting is ~15x slower
+        lens = lens.astype(self.count_dtype)  # ufunc.at casting is ~15x slower
         if len(hr) < 2 or bool(np.all(hr[1:] > hr[:-1])):  # each launch once (in row order): a plain gather
             self.recorded[hr] += lens
         else:
