@@ -90,7 +90,10 @@ def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> Gr
     # stable order: within each replay, first occurrences of nodes have increasing ordinals
     first = np.full(R * N, len(idx), np.int64)
     np.minimum.at(first, key, np.arange(len(idx)))
-    first_pos = np.sort(first[first < len(idx)])
+    at_first = np.zeros(len(idx), bool)  # each cell's first record, in record order (a mask: no sort)
+    at_first[first[first < len(idx)]] = True
+    first_pos = np.flatnonzero(at_first)
+    del at_first
     del key, first
     fr, fo = rid[first_pos], ords[first_pos]
     bad = (fr[1:] == fr[:-1]) & (fo[1:] <= fo[:-1])
@@ -103,11 +106,11 @@ def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> Gr
     np.minimum.at(hmin, rid, hns)
     np.maximum.at(hmax, rid, hns)
     report = {
-        "graph_exec": hexs(exec_h), "nodes": N, "replays": [int(r) for r in replays], "replay_count": R,
+        "graph_exec": hexs(exec_h), "nodes": N, "replays": replays.tolist(), "replay_count": R,
         "records": int(len(idx)), "records_per_replay": stats(cnt.sum(axis=1)), "repeated_nodes": repeated,
         "missing_nodes": missing, "stable_order": not unstable, "unstable_replays": unstable,
-        "reference_replay": int(replays[best]), "streams": [hexs(s) for s in np.unique(t.stream[idx])],
-        "kernels": sorted({kernel_short(names, s) for s in np.unique(t.kernel_slot[idx])}),
+        "reference_replay": int(replays[best]), "streams": [hexs(s) for s in _distinct(t.stream[idx])],
+        "kernels": sorted({kernel_short(names, s) for s in _distinct(t.kernel_slot[idx])}),
         "host_timing": {
             "clock": "host_monotonic",
             "note": "graph-node launch callbacks (CLOCK_MONOTONIC ns); never subtracted from device times",
@@ -116,6 +119,12 @@ def _one_graph(t: LaunchTable, names: dict, notes: Notes, idx: np.ndarray) -> Gr
         },
     }
     return GraphExec(exec=exec_h, rows=idx, nodes=nodes, ordmap=ordmap, report=report)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)``, sorting only the first value of each run of equal ones (a graph's streams and kernels:
+    few, each in long runs)."""
+    return np.unique(values[run_starts(values)])
 
 
 def sorted_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +180,7 @@ def device_side(graphs: list[GraphExec], t: LaunchTable, tally) -> list[dict]:
         dev = {"expected_executions": int(np.count_nonzero(live)),
                "expected_blocks": int(np.sum(t.grid[g.rows], where=live)),
                "device_events": int(cnt[rows].sum()) + n_lo, "matched_events": int(cnt[rows].sum()),
-               "device_replays": [int(r) for r in _replays(t.launch_id[rows], lrep)],
+               "device_replays": _replays(t.launch_id[rows], lrep).tolist(),
                "node_attribution": bool((lord >= 0).all())}
         del live
         timing = {"clock": "gpu_globaltimer", "note": "device %globaltimer only; block entries, not kernel durations"}
@@ -228,21 +237,34 @@ def _timing(g: GraphExec, t: np.ndarray, t_last: np.ndarray, rep: np.ndarray, or
         nf_min = node_first.min(axis=1)
         nf_max = node_first.max(axis=1, initial=_I64.min, where=has)
         spans = np.where(has.any(axis=1), nf_max - nf_min, spans)
-    out = {"span_ns": stats(spans), "gap_ns": stats(rfirst[1:] - rlast[:-1]) if R > 1 else None,
-           "per_replay": [{"replay": int(ur[j]), "first_ns": int(rfirst[j]), "last_ns": int(rlast[j]),
-                           "span_ns": int(spans[j]),
-                           "gap_to_next_ns": int(rfirst[j + 1] - rlast[j]) if j + 1 < R else None}
-                          for j in range(R)]}
+    gaps = rfirst[1:] - rlast[:-1]
+    # the per-replay rows from Python lists (one conversion per column, not a numpy scalar per cell)
+    ur_l, rf_l, rl_l, sp_l, gap_l = ur.tolist(), rfirst.tolist(), rlast.tolist(), spans.tolist(), gaps.tolist()
+    out = {"span_ns": stats(spans), "gap_ns": stats(gaps) if R > 1 else None,
+           "per_replay": [{"replay": ur_l[j], "first_ns": rf_l[j], "last_ns": rl_l[j], "span_ns": sp_l[j],
+                           "gap_to_next_ns": gap_l[j] if j + 1 < R else None} for j in range(R)]}
     if node_first is not None:
-        offs = []
-        base = nf_min
-        for o in range(N):
-            col = has[:, o]
-            if not col.any():
-                continue
-            v = node_first[col, o] - base[col]
-            node_h = g.nodes[np.flatnonzero(g.ordmap == o)[0]]
-            offs.append({"node_ordinal": o, "node": hexs(node_h), "replays": int(col.sum()), "min_ns": int(v.min()),
-                         "median_ns": float(np.median(v)), "max_ns": int(v.max())})
-        out["node_offsets"] = offs
+        out["node_offsets"] = _node_offsets(g, node_first, has, nf_min)
     return out
+
+
+def _node_offsets(g: GraphExec, node_first: np.ndarray, has: np.ndarray, base: np.ndarray) -> list:
+    """Per node ordinal, its first entry's offset from its replay's first node entry: min, median, max over the
+    replays that ran it (every replay ran every node, the usual case: one reduction over the whole table)."""
+    N = node_first.shape[1]
+    node_of = [g.nodes[np.flatnonzero(g.ordmap == o)[0]] if o in g.ordmap else None for o in range(N)]
+    if bool(has.all()) and len(has):
+        v = node_first - base[:, None]
+        lo, med, hi = v.min(axis=0).tolist(), np.median(v, axis=0).tolist(), v.max(axis=0).tolist()
+        R = len(has)
+        return [{"node_ordinal": o, "node": hexs(node_of[o]), "replays": R, "min_ns": lo[o],
+                 "median_ns": float(med[o]), "max_ns": hi[o]} for o in range(N)]
+    offs = []
+    for o in range(N):
+        col = has[:, o]
+        if not col.any():
+            continue
+        v = node_first[col, o] - base[col]
+        offs.append({"node_ordinal": o, "node": hexs(node_of[o]), "replays": int(col.sum()), "min_ns": int(v.min()),
+                     "median_ns": float(np.median(v)), "max_ns": int(v.max())})
+    return offs
