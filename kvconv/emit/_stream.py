@@ -38,6 +38,7 @@ __all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs"
 _EV_DT = layout.DTYPES["device_event"]
 SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
 RELEASE_BYTES = 256 << 20  # dumps larger than this give walked pages back to the page cache
+_JOIN_READS = frozenset({"kind", "flags", "grid_id", "tag", "upload", "dup"})  # launch-table columns ExactJoin reads
 PAGE = mmap.PAGESIZE
 
 
@@ -82,9 +83,13 @@ class Ctx:
             return
         self.host = LaunchTable.load(self.dump, self.context_id)
         release_groups(self.dump, ("graph_node", "eager_launch"), self.context_id)  # the table holds copies
+        # the columns the join does not read go before it is built (its temporaries are the peak of the load)
+        early = {k: Dropped(k) for k in drop if k not in _JOIN_READS}
+        if early:
+            self.host = dataclasses.replace(self.host, **early)
         self.xjoin = ExactJoin(self.host) if join and self.host.n else None
-        if drop:
-            self.host = dataclasses.replace(self.host, **{k: Dropped(k) for k in drop})
+        if len(early) < len(drop):
+            self.host = dataclasses.replace(self.host, **{k: Dropped(k) for k in drop if k not in early})
         try:
             yield self
         finally:

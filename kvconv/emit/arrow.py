@@ -152,15 +152,19 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
         warn_reconcile(ctxs, options, warn)
         with atomic_output(out, inputs=paths, directory=True, kind="arrow", force=options.force) as tmp:
             for c in ctxs:
+                sink = _sinks(pa, c, Path(tmp), ext, options, res)
+                _record_tables(pa, c, sink, options, bar, res)  # read from the dump alone: no launch table held
+                release_heap()  # their buffers: gone before the launch table is loaded
                 # a large dump's contexts: one launch table in memory at a time, without the columns no table writes
                 with c.held(drop=("host_ns", "node", "flags", "dup", "gx", "gy", "gz")):
-                    _write_context(pa, c, Path(tmp), ext, options, bar, res)
+                    _joined_tables(pa, c, sink, options, res)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     return res
 
 
-def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: EmitResult) -> None:
-    t_start = time.perf_counter()
+def _sinks(pa, c, root: Path, ext: str, options: EmitOptions, res: EmitResult):
+    """``sink(table, dtype, extra=(), fields=None)``: a :class:`_Sink` of one of the context's tables (its file
+    under ``root``, every file's metadata); records the context's alignment and join in ``res``."""
     ctx = c.context_id
     align = c.alignment()
     res.alignment.append(align)
@@ -183,8 +187,16 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
         path = root / table / f"run={c.run}" / f"device={c.device_id}" / f"part-ctx{ctx}.{ext}"
         return _Sink(pa, path, schema, options)
 
-    # The small tables are written by a second thread while this one streams the device events: the device-event
-    # pipeline leaves each core idle part of the time (1M events + 65,536 host records: 38-45 ms -> 30-34 ms).
+    return sink
+
+
+def _record_tables(pa, c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
+    """The tables of the context's records as they are (device_event, host records, kernels, ...): read from the
+    dump alone, so written before the launch table is loaded (on a large dump that table is the state that grows
+    with the run: issue 13). The small tables are written by a second thread while this one streams the device
+    events: the device-event pipeline leaves each core idle part of the time (1M events + 65,536 host records:
+    38-45 ms -> 30-34 ms)."""
+    t_start = time.perf_counter()
     side = worker("tables").submit(_small_tables, pa, c, sink)
     try:
         if c.groups:
@@ -195,8 +207,13 @@ def _write_context(pa, c, root: Path, ext: str, options: EmitOptions, bar, res: 
         raise side_error
     res.host_records += side.result()
     res.timings["record_tables"] = res.timings.get("record_tables", 0.0) + time.perf_counter() - t_start
+
+
+def _joined_tables(pa, c, sink, options: EmitOptions, res: EmitResult) -> None:
+    """The tables of the join: matches (one row per device event) and launch (one per launch), the context's
+    launch table held."""
     t_start = time.perf_counter()
-    # matches
+    ctx = c.context_id
     if c.n_events:
         mt = np.dtype(MATCH_NP)
         s = sink("matches", mt, [pa.field("join_name", pa.dictionary(pa.int8(), pa.string()))])
