@@ -116,6 +116,24 @@ def build(torch, work, layers):
 build.cache = {}
 
 
+def register_caches(work, m):
+    """With write recording on (KVCONV_WRITES=1), register every layer's KV cache with the tracer, as an engine would
+    (kvconv.capture.probe.writes): the stores then take the cache search and the slot arithmetic of a real run instead
+    of the cheaper outside-every-cache path. KVCONV_BENCH_NO_CACHES=1 leaves them unregistered (earlier figures)."""
+    if os.environ.get("KVCONV_WRITES") != "1" or os.environ.get("KVCONV_BENCH_NO_CACHES") == "1":
+        return
+    from kvconv.capture.probe.writes import WriteProbe
+
+    probe = WriteProbe()
+    if work in ("light", "qwen14b"):  # kv_decode: one key and one value cache a layer, 16-row pages
+        caches = [c for kv in zip(m.kcache, m.vcache) for c in kv]
+    else:  # Engine: one [1024, K|V] cache a layer
+        caches = [L["cache"] for L in m.layers]
+    for i, c in enumerate(caches):
+        # [slots, row]: one row a slot (the works index rows by slot), pages of 16 slots
+        probe.register_cache(c, page_size=16, name=f"{work}.{i}", slot_bytes=int(c[0].numel() * c.element_size()))
+
+
 def capture(torch, works, layers):
     """{work: graph}, and the graphs' input tensors, which must outlive them: a replay reads its token and slot from
     the addresses captured, and torch.cuda.graph() empties the allocator's cache before each capture (a freed input
@@ -128,6 +146,7 @@ def capture(torch, works, layers):
         slots = torch.arange(x.shape[0], device="cuda", dtype=torch.int64)
         m.forward(x, slots)  # eager warm-up: kernels loaded, modules patched, target launched eagerly once
         torch.cuda.synchronize()
+        register_caches(work, m)
         tok = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
         slot = torch.full((1,), 9, device="cuda", dtype=torch.int64)
         g = torch.cuda.CUDAGraph()

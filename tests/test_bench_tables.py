@@ -17,6 +17,7 @@ CASES = [  # (script, committed JSON, its key holding the script's table input (
     ("gpu_tracer_cost", "gpu_tracer_cost.h200.json", "table", "gpu_tracer_cost.h200.log"),
     ("gpu_tracer_cost", "gpu_tracer_cost.h200-timerfix.json", "table", "gpu_tracer_cost.h200-timerfix.log"),
     ("gpu_overhead", "gpu_overhead.h200.json", None, "gpu_overhead.h200.log"),
+    ("gpu_tracer_cost", "issue16/lease-5.json", "table", "issue16/lease-5.log"),  # docs/TRACER.md's issue-16 table
 ]
 
 

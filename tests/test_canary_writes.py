@@ -13,13 +13,14 @@ import pytest
 from conftest import FIXTURES, run_cli
 from kvconv.format import dump, layout
 
-CASES = ["clean", "pad-minus-one", "stale-pad", "wrong-page"]
+# clean-80 / wrong-page-80: 80 caches and 192-byte slots (the device's second search level and its division path)
+CASES = ["clean", "pad-minus-one", "stale-pad", "wrong-page", "clean-80", "wrong-page-80"]
 
 
 def _expected(case: str) -> set[tuple[str, int, int]]:
     """(code, step, slot) of every bad write the workload planted, from its own record of the slot buffer: per step,
-    what the graph's slot buffer held (actual) against what the engine meant (intended); every row is written into all
-    4 caches (2 layers x K, V). Outside writes are keyed by slot -1."""
+    what the graph's slot buffer held (actual) against what the engine meant (intended); every row is written into
+    every cache (layers x K, V). Outside writes are keyed by slot -1."""
     p = json.loads((FIXTURES / f"writes-{case}" / "planted.json").read_text())
     out = set()
     for s in p["steps"]:
@@ -44,7 +45,9 @@ def _reported(case: str) -> tuple[int, set, dict]:
     got = set()
     per_code: dict[str, int] = {}
     for f in doc["result"]["findings"]:
-        per_code[f["code"]] = per_code.get(f["code"], 0) + 1
+        per_code[f["code"]] = per_code.get(f["code"], 0) + f["count"]
+        if f["message"].endswith("more like the above, not listed"):  # past the named ones of its code: counted
+            continue
         step = int(re.search(r"step (\d+)", f["message"]).group(1))
         if f["record"] is not None:
             w = sw[f["record"]]  # the record the finding names, read back from the dump
@@ -61,10 +64,12 @@ def _reported(case: str) -> tuple[int, set, dict]:
 @pytest.mark.parametrize("case", CASES)
 def test_planted_writes_are_found_and_nothing_else(case):
     code, got, per_code = _reported(case)
-    assert got == _expected(case)
-    assert code == (0 if case == "clean" else 1)
-    if case != "clean":  # every planted row is reported once per cache (2 layers x K, V)
-        assert all(n % 4 == 0 for n in per_code.values())
+    want = _expected(case)
+    n_caches = len(dump.open(FIXTURES / f"writes-{case}" / f"writes-{case}.kvdump").records("cache"))
+    # every planted row is reported once per cache (layers x K, V); past the first named ones of a code, counted
+    assert per_code == {c: n_caches * sum(1 for w in want if w[0] == c) for c in {w[0] for w in want}}
+    assert got <= want and (got == want or sum(per_code.values()) > len(got))
+    assert code == (0 if case.startswith("clean") else 1)
 
 
 def test_stale_pad_names_slot_block_node_replay_and_both_requests():
@@ -147,7 +152,7 @@ def test_json_follows_its_schema(case):
     r = run_cli("canary", "--writes", f"writes-{case}.kvdump", "--json", cwd=FIXTURES / f"writes-{case}")
     res = json.loads(r.stdout)["dumps"][0]["result"]
     jsonschema.validate(res, load_json_schema("canary_writes.schema.json"))
-    assert res["ok"] == (case == "clean") and res["summary"]["errors"] == sum(
+    assert res["ok"] == case.startswith("clean") and res["summary"]["errors"] == sum(
         f["count"] for f in res["findings"] if f["severity"] == "error")
 
 

@@ -62,6 +62,10 @@ void fill_table(kvconv_writes_state* h) {
   for (auto& c : g_caches) v.push_back(&c);
   std::sort(v.begin(), v.end(), [](const HostCache* a, const HostCache* b) { return a->rec.base < b->rec.base; });
   h->n_caches = v.size();
+  std::fill(std::begin(h->top), std::end(h->top), ~0ull);
+  std::fill(std::begin(h->bases), std::end(h->bases), ~0ull);
+  for (size_t i = 0; i < v.size(); ++i) h->bases[i] = v[i]->rec.base;
+  for (size_t g = 0; g * 16 < v.size(); ++g) h->top[g] = v[g * 16]->rec.base;
   for (size_t i = 0; i < v.size(); ++i) {
     kvconv_dev_cache& d = h->caches[i];
     d.base = v[i]->rec.base;
@@ -69,7 +73,8 @@ void fill_table(kvconv_writes_state* h) {
     d.slot_bytes = v[i]->rec.slot_bytes;
     d.page_size = v[i]->rec.page_size;
     d.cache_id = v[i]->rec.cache_id;
-    d.pad = 0;
+    const uint32_t sb = v[i]->rec.slot_bytes;
+    d.slot_shift = (sb & (sb - 1)) == 0 ? static_cast<unsigned int>(__builtin_ctz(sb)) : KVCONV_NO_SHIFT;
   }
 }
 

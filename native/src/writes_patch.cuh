@@ -2,6 +2,12 @@
 // one patch file per context). Every global memory access of a patched module calls kvconv_mem_access; it returns at
 // once for non-target functions (NULL userdata), loads, and contexts without write recording. writes_shared.h says
 // how the stores of a block are aggregated into one record per slot.
+//
+// Why it is shaped as it is (measured on the H200, docs/TRACER.md): a tools patch gets few registers (R0-R21), so
+// everything live across a load spills to local memory, and a store's cost is mostly its chain of dependent loads.
+// Hence: the saves of the store path are not paid by loads (kvconv_mem_access is a small wrapper); the hot path keeps
+// only the record's key (the identity fields are recomputed out of line, once per record, by the claimer); the loops
+// are not unrolled; the cache search is two levels of 16 independent loads instead of a binary search.
 #include "writes_shared.h"
 
 static __device__ __forceinline__ unsigned int kv_laneid() {
@@ -30,15 +36,15 @@ static __device__ __forceinline__ unsigned long long kv_store_tag(const kvconv_d
   if (!t) return fallback;
   const unsigned long long mask = st->table_mask;
   for (unsigned int i = 0; i < KVCONV_TABLE_PROBES; ++i) {
-    const kvconv_node_entry* e = t + ((gid + i) & mask);
-    const unsigned long long k = e->gridid;
-    if (k == gid) {
+    // One 16-byte load of the entry (gridid and cell index together): one dependent load fewer per store.
+    const ulonglong2 e = *reinterpret_cast<const ulonglong2*>(t + ((gid + i) & mask));
+    if (e.x == gid) {
       // A plain load: the cell is written before the replay's kernels start and L1 holds nothing across a kernel
       // boundary; the block's later stores then find it in L1 (an L2 round trip per store was most of the cost).
-      const unsigned long long v = reinterpret_cast<const unsigned long long*>(st->cells)[e->cell];
+      const unsigned long long v = reinterpret_cast<const unsigned long long*>(st->cells)[e.y];
       return v ? (v & KVCONV_TAG_MASK) : fallback;
     }
-    if (k == 0) break;
+    if (e.x == 0) break;
   }
   return fallback;
 }
@@ -50,17 +56,140 @@ static __device__ __forceinline__ unsigned long long kv_store_tag(const kvconv_d
 }
 #endif
 
-// The cache holding `a` (binary search over the sorted table), or -1.
-static __device__ __forceinline__ int kv_find_cache(const kvconv_writes_state* ws, unsigned long long a) {
-  int lo = 0, hi = static_cast<int>(ws->n_caches) - 1;
-  while (lo <= hi) {
-    const int mid = (lo + hi) >> 1;
-    const kvconv_dev_cache* c = &ws->caches[mid];
-    if (a < c->base) hi = mid - 1;
-    else if (a >= c->end) lo = mid + 1;
-    else return mid;
+// The number of the 16 sorted values at `v` that are <= a (independent loads: one latency, not sixteen).
+static __device__ __forceinline__ int kv_count_le(const unsigned long long* v, unsigned long long a) {
+  const ulonglong2* v2 = reinterpret_cast<const ulonglong2*>(v);
+  int n = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const ulonglong2 x = v2[j];
+    n += (x.x <= a) + (x.y <= a);
+  }
+  return n;
+}
+
+// The cache holding `a`, or nullptr: two levels of 16 (writes_shared.h).
+static __device__ __forceinline__ const kvconv_dev_cache* kv_find_cache(const kvconv_writes_state* ws,
+                                                                        unsigned long long a) {
+  const int g = kv_count_le(ws->top, a);  // 0: below every cache
+  if (g == 0) return nullptr;
+  const int i = 16 * (g - 1) + kv_count_le(ws->bases + 16 * (g - 1), a) - 1;
+  const kvconv_dev_cache* c = &ws->caches[i];
+  return a < c->end ? c : nullptr;
+}
+
+// `where` of a store: the slot in cache `c` (a shift when the slot size is a power of two, the usual case, instead
+// of a 64-bit division per store), or the 4 KiB granule outside every cache.
+static __device__ __forceinline__ unsigned long long kv_where(const kvconv_dev_cache* c, unsigned long long a) {
+  if (!c) return a >> KVCONV_OUTSIDE_GRANULE_SHIFT;
+  const unsigned long long rel = a - c->base;
+  return c->slot_shift != KVCONV_NO_SHIFT ? rel >> c->slot_shift : rel / c->slot_bytes;
+}
+
+// The record's key: a 64-bit fingerprint of (gridid, replay tag, block, cache, slot or granule); never 0 (empty).
+static __device__ __forceinline__ unsigned long long kv_key(unsigned long long gid, unsigned long long tag,
+                                                            unsigned int cache_id, unsigned long long where) {
+  const unsigned long long key =
+      kv_mix(kv_mix(kv_mix(kv_mix(kv_mix(gid, tag), blockIdx.x), (unsigned long long)blockIdx.y << 32 | blockIdx.z),
+                    cache_id),
+             where);
+  return key ? key : 1;
+}
+
+// The claimer writes the identity of the record (once per record; page and offset divided out here, not per store).
+static __device__ __forceinline__ void kv_claim(kvconv_slot_write_t* r, unsigned long long gid, unsigned long long tag,
+                                                const kvconv_dev_cache* c, unsigned long long where,
+                                                unsigned int kslot) {
+  r->gridid = gid;
+  r->tag = tag;
+  r->page = c ? static_cast<unsigned int>(where / c->page_size) : 0xFFFFFFFFu;
+  r->offset = c ? static_cast<unsigned int>(where % c->page_size) : 0xFFFFFFFFu;
+  r->cache_id = c ? c->cache_id : KVCONV_NO_CACHE;
+  r->kernel_slot = kslot;
+  r->block_x = blockIdx.x;
+  r->block_y = static_cast<uint16_t>(blockIdx.y);
+  r->block_z = static_cast<uint16_t>(blockIdx.z);
+  r->flags = (tag ? KVCONV_SLOT_WRITE_FLAGS_HAS_TAG : 0) | (c ? 0 : KVCONV_SLOT_WRITE_FLAGS_OUTSIDE);
+}
+
+// The entry of `key` (claimed by this call if new), or -1 when the table is full or has no room within the probes.
+static __device__ __forceinline__ long long kv_entry(kvconv_writes_state* ws, unsigned long long key,
+                                                     unsigned long long gid, unsigned long long tag,
+                                                     const kvconv_dev_cache* c, unsigned long long where,
+                                                     unsigned int kslot) {
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(ws->keys);
+  const unsigned long long mask = ws->capacity - 1;
+  for (unsigned int i = 0; i < KVCONV_WRITE_PROBES; ++i) {
+    const unsigned long long idx = (key + i) & mask;
+    unsigned long long k = keys[idx];  // L1 may hold a stale 0: the CAS below then returns the key
+    if (k == 0) {
+      if (__ldcg(&ws->used) >= ws->limit) return -1;
+      k = atomicCAS(&keys[idx], 0ull, key);
+      if (k == 0) {  // claimed: this thread writes the identity of the record
+        atomicAdd(&ws->used, 1ull);
+        kv_claim(reinterpret_cast<kvconv_slot_write_t*>(ws->records) + idx, gid, tag, c, where, kslot);
+        return static_cast<long long>(idx);
+      }
+    }
+    if (k == key) return static_cast<long long>(idx);
   }
   return -1;
+}
+
+// A target's store (kvconv_mem_access below decides). Out of line: its registers are saved on entry, and the loads
+// and non-target accesses that kvconv_mem_access turns away must not pay for that (the saves ran before the first
+// test when this was one function: ~14 local stores and loads on every memory access of a patched module).
+static __device__ __noinline__ void kv_store(void* userdata, void* ptr, uint32_t size) {
+  const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);
+  const kvconv_dev_state* st = reinterpret_cast<const kvconv_dev_state*>(u & KVCONV_STATE_MASK);
+  kvconv_writes_state* ws = reinterpret_cast<kvconv_writes_state*>(st->writes);
+  if (ws == nullptr) return;
+  const unsigned long long a = reinterpret_cast<unsigned long long>(ptr);
+  const unsigned long long gid = kv_gridid();
+  const unsigned long long tag = kv_store_tag(st, gid, u & KVCONV_TAG_MASK);
+  const kvconv_dev_cache* c = kv_find_cache(ws, a);
+  const unsigned long long where = kv_where(c, a);
+  const unsigned int cache_id = c ? c->cache_id : KVCONV_NO_CACHE;
+#ifdef KVCONV_WRITES_STOP_AFTER_FIND  // cost measurement only: up to the slot
+  if ((where ^ tag ^ cache_id) == 0x5EEDull) atomicAdd(&ws->drops, 0ull);  // keeps the computation
+  return;
+#endif
+  const unsigned long long key = kv_key(gid, tag, cache_id, where);
+#ifdef KVCONV_WRITES_STOP_AFTER_KEY  // cost measurement only: up to the record's key
+  if (key == 0x5EEDull) atomicAdd(&ws->drops, 0ull);  // keeps the computation
+  return;
+#endif
+#ifndef KVCONV_WRITES_NORANGE
+  // The range of the key's first entry, loaded beside the key probe instead of after it (almost every store finds
+  // its record at the first probe).
+  const unsigned long long first = key & (ws->capacity - 1);
+  const ulonglong2 early = *reinterpret_cast<const ulonglong2*>(
+      &(reinterpret_cast<const kvconv_slot_write_t*>(ws->records) + first)->addr_lo);
+#endif
+  const long long found = kv_entry(ws, key, gid, tag, c, where, static_cast<unsigned int>(u >> KVCONV_SLOT_SHIFT));
+  if (found < 0) {
+    atomicAdd(&ws->drops, 1ull);
+    return;
+  }
+#ifdef KVCONV_WRITES_BARE  // cost measurement only: count and range for writes outside every cache only
+  if (c) return;
+#endif
+#if !defined(KVCONV_WRITES_NOCOUNT) || !defined(KVCONV_WRITES_NORANGE)
+  kvconv_slot_write_t* r = reinterpret_cast<kvconv_slot_write_t*>(ws->records) + found;
+#endif
+#ifndef KVCONV_WRITES_NOCOUNT  // cost measurement only (make cost-variants): no store count
+  // One count per group of lanes storing to the same record (the threads of a block mostly share a few slots).
+  const unsigned int peers = __match_any_sync(__activemask(), key);
+  if (kv_laneid() == static_cast<unsigned int>(__ffs(peers) - 1)) atomicAdd(&r->stores, __popc(peers));
+#endif
+#ifndef KVCONV_WRITES_NORANGE  // cost measurement only: no address range
+  // The address range: an atomic only when this store widens it (most stores of a slot do not). Plain loads: a stale
+  // (smaller) value only costs an atomic that changes nothing. addr_lo is kept complemented.
+  const ulonglong2 cur = static_cast<unsigned long long>(found) == first
+                             ? early : *reinterpret_cast<const ulonglong2*>(&r->addr_lo);
+  if (~a > cur.x) atomicMax(reinterpret_cast<unsigned long long*>(&r->addr_lo), ~a);
+  if (a + size > cur.y) atomicMax(reinterpret_cast<unsigned long long*>(&r->addr_hi), a + size);
+#endif
 }
 
 extern "C" __device__ __noinline__ SanitizerPatchResult kvconv_mem_access(void* userdata, uint64_t pc, void* ptr,
@@ -69,92 +198,7 @@ extern "C" __device__ __noinline__ SanitizerPatchResult kvconv_mem_access(void* 
 #ifdef KVCONV_PATCH_NOOP  // cost measurement only (patch.cu): what the memory-access instrumentation alone costs
   return SANITIZER_PATCH_SUCCESS;
 #endif
-  if (userdata == nullptr || !(flags & SANITIZER_MEMORY_DEVICE_FLAG_WRITE)) return SANITIZER_PATCH_SUCCESS;
-  const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);
-  const kvconv_dev_state* st = reinterpret_cast<const kvconv_dev_state*>(u & KVCONV_STATE_MASK);
-  kvconv_writes_state* ws = reinterpret_cast<kvconv_writes_state*>(st->writes);
-  if (ws == nullptr) return SANITIZER_PATCH_SUCCESS;
-  const unsigned long long a = reinterpret_cast<unsigned long long>(ptr);
-  const unsigned int kslot = static_cast<unsigned int>(u >> KVCONV_SLOT_SHIFT);
-  const unsigned long long gid = kv_gridid();
-  const unsigned long long tag = kv_store_tag(st, gid, u & KVCONV_TAG_MASK);
-  const int ci = kv_find_cache(ws, a);
-  unsigned int cache_id = KVCONV_NO_CACHE, page = 0xFFFFFFFFu, off = 0xFFFFFFFFu;
-  unsigned long long where;  // the slot, or the granule outside every cache
-  if (ci >= 0) {
-    const kvconv_dev_cache* c = &ws->caches[ci];
-    const unsigned int ps = c->page_size;
-    where = (a - c->base) / c->slot_bytes;
-    cache_id = c->cache_id;
-    page = static_cast<unsigned int>(where / ps);
-    off = static_cast<unsigned int>(where % ps);
-  } else {
-    where = a >> KVCONV_OUTSIDE_GRANULE_SHIFT;
-  }
-#ifdef KVCONV_WRITES_STOP_AFTER_FIND  // cost measurement only: up to the slot
-  if ((where ^ tag ^ cache_id) == 0x5EEDull) atomicAdd(&ws->drops, 0ull);  // keeps the computation
-  return SANITIZER_PATCH_SUCCESS;
-#endif
-  unsigned long long key = kv_mix(kv_mix(kv_mix(kv_mix(kv_mix(gid, tag), blockIdx.x),
-                                                (unsigned long long)blockIdx.y << 32 | blockIdx.z),
-                                         cache_id),
-                                  where);
-#ifdef KVCONV_WRITES_STOP_AFTER_KEY  // cost measurement only: up to the record's key
-  if (key == 0x5EEDull) atomicAdd(&ws->drops, 0ull);  // keeps the computation
-  return SANITIZER_PATCH_SUCCESS;
-#endif
-  if (key == 0) key = 1;  // 0 marks an empty entry
-  unsigned long long* keys = reinterpret_cast<unsigned long long*>(ws->keys);
-  const unsigned long long mask = ws->capacity - 1;
-  long long found = -1;
-  for (unsigned int i = 0; i < KVCONV_WRITE_PROBES; ++i) {
-    const unsigned long long idx = (key + i) & mask;
-    unsigned long long k = keys[idx];  // L1 may hold a stale 0: the CAS below then returns the key
-    if (k == 0) {
-      if (__ldcg(&ws->used) >= ws->limit) break;
-      k = atomicCAS(&keys[idx], 0ull, key);
-      if (k == 0) {  // claimed: this thread writes the identity of the record
-        atomicAdd(&ws->used, 1ull);
-        kvconv_slot_write_t* r = reinterpret_cast<kvconv_slot_write_t*>(ws->records) + idx;
-        r->gridid = gid;
-        r->tag = tag;
-        r->page = page;
-        r->offset = off;
-        r->cache_id = cache_id;
-        r->kernel_slot = kslot;
-        r->block_x = blockIdx.x;
-        r->block_y = static_cast<uint16_t>(blockIdx.y);
-        r->block_z = static_cast<uint16_t>(blockIdx.z);
-        r->flags = (tag ? KVCONV_SLOT_WRITE_FLAGS_HAS_TAG : 0) | (ci < 0 ? KVCONV_SLOT_WRITE_FLAGS_OUTSIDE : 0);
-        found = static_cast<long long>(idx);
-        break;
-      }
-    }
-    if (k == key) {
-      found = static_cast<long long>(idx);
-      break;
-    }
-  }
-  if (found < 0) {
-    atomicAdd(&ws->drops, 1ull);
-    return SANITIZER_PATCH_SUCCESS;
-  }
-#if !defined(KVCONV_WRITES_NOCOUNT) || !defined(KVCONV_WRITES_NORANGE)
-  kvconv_slot_write_t* r = reinterpret_cast<kvconv_slot_write_t*>(ws->records) + found;
-#endif
-  // One count per group of lanes storing to the same record (the threads of a block mostly share a few slots).
-#ifndef KVCONV_WRITES_NOCOUNT  // cost measurement only (make cost-variants): no store count
-  const unsigned int active = __activemask();
-  const unsigned int peers = __match_any_sync(active, key);
-  if (kv_laneid() == static_cast<unsigned int>(__ffs(peers) - 1)) atomicAdd(&r->stores, __popc(peers));
-#endif
-#ifndef KVCONV_WRITES_NORANGE  // cost measurement only: no address range
-  // The address range: an atomic only when this store widens it (most stores of a slot do not).
-  const unsigned long long nlo = ~a, hi = a + size;
-  // Plain loads: a stale (smaller) value only costs an atomic that changes nothing (__ldcg instead, coherent with
-  // the atomics, measured no faster: engine-small +48.2% against +47.9%).
-  if (nlo > r->addr_lo) atomicMax(reinterpret_cast<unsigned long long*>(&r->addr_lo), nlo);
-  if (hi > r->addr_hi) atomicMax(reinterpret_cast<unsigned long long*>(&r->addr_hi), hi);
-#endif
+  // Loads, and every access of a non-target function (NULL userdata), return here.
+  if (userdata != nullptr && (flags & SANITIZER_MEMORY_DEVICE_FLAG_WRITE)) kv_store(userdata, ptr, size);
   return SANITIZER_PATCH_SUCCESS;
 }
