@@ -3,11 +3,13 @@
 // once for non-target functions (NULL userdata), loads, and contexts without write recording. writes_shared.h says
 // how the stores of a block are aggregated into one record per slot.
 //
-// Why it is shaped as it is (measured on the H200, docs/TRACER.md): a tools patch gets few registers (R0-R21), so
-// everything live across a load spills to local memory, and a store's cost is mostly its chain of dependent loads.
-// Hence: the saves of the store path are not paid by loads (kvconv_mem_access is a small wrapper); the hot path keeps
-// only the record's key (the identity fields are recomputed out of line, once per record, by the claimer); the loops
-// are not unrolled; the cache search is two levels of 16 independent loads instead of a binary search.
+// Why it is shaped as it is (measured on the H200, docs/TRACER.md "the write patch reshaped"): a tools patch gets the
+// ABI's minimum of registers, so the store path spills and saves registers on entry, and a store's cost is mostly its
+// chains of dependent loads. Hence: loads and non-target accesses do not pay the store path's saves
+// (kvconv_mem_access is a small wrapper); the cache search is two levels of 16 independent loads, not a binary
+// search; the node-table entry is one 16-byte load; page and offset are divided out once per record, not per store.
+// (Keeping only the key live and recomputing the identity out of line spilled less but measured slower: the tag and
+// cache-search chains then no longer overlap.)
 #include "writes_shared.h"
 
 static __device__ __forceinline__ unsigned int kv_laneid() {
