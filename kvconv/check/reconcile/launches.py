@@ -203,9 +203,23 @@ def node_ordinals(g) -> np.ndarray:
     exs = g["graph_exec"][order]
     brk = np.flatnonzero(exs[1:] != exs[:-1]) + 1
     for idx in np.split(order, brk):
-        nodes, nid = np.unique(g["node"][idx], return_inverse=True)
-        out[idx] = _exec_ordinals(nid.reshape(-1), g["launch_id"][idx], len(nodes))
+        nodes, nid = _node_ids(g["node"][idx])
+        out[idx] = _exec_ordinals(nid, g["launch_id"][idx], len(nodes))
     return out
+
+
+def _node_ids(handles: np.ndarray, head: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(handles, return_inverse=True)`` of one graph exec's records without a sort of all of them: its
+    nodes are few and its first replays name them all, so the distinct handles of the first ``head`` records are
+    the candidates; when every record's handle is among them (one search each), they are the answer, else the sort."""
+    cand = np.unique(handles[:head])
+    if len(cand):
+        pos = np.searchsorted(cand, handles)
+        np.minimum(pos, len(cand) - 1, out=pos)
+        if bool(np.all(cand[pos] == handles)):
+            return cand, pos
+    nodes, nid = np.unique(handles, return_inverse=True)
+    return nodes, nid.reshape(-1)
 
 
 def _exec_ordinals(nid: np.ndarray, r: np.ndarray, N: int) -> np.ndarray:
