@@ -274,6 +274,11 @@ class Reconciler:
                 s.dur.xj = None  # (the durations looked launches up with it during the pass only)
             if s.b is not None:
                 s.b.end_of_events()  # the repeat bitmap goes before the table grows
+                if not self.launches and s.usable(_mode(self.options.join, s.any_gid)) and not s.parts and not (
+                        s.t.dup.any()):
+                    # every event joined (or none carried a key) and no record repeats another: the streamed report
+                    # reads no gridid or tag again; their 16 bytes a row go before the late columns come (issue 13)
+                    s.t = s.b.t = replace(s.t, grid_id=None, tag=None)
             release_heap()
             s.t = s.t.complete(self.d, ctx)
         out = reconcile_context(self.d, ctx, self._dev[ctx], self.options, notes, stream=s, tables=self.tables,
