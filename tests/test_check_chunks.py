@@ -94,3 +94,27 @@ def test_block_outside_its_grid_inside_a_launchs_run(tmp_path, at):
     f = findings(make(tmp_path / "d.kvdump", mutate))
     assert f["block-outside-grid"]["record"] == at and f["block-outside-grid"]["count"] == 2
     assert f["block-outside-grid"]["field"] == "device_event.block_x"
+
+
+# validate checks flags, kernel slots and kinds once per run of one launch's events (kvconv.check._runs): a bad value
+# on one event inside a long run splits the run there, so the finding still names that event and counts every one.
+_BAD_KIND = max(layout.ENUMS["event_kind"].values()) + 1
+_BAD_FLAG = 0x80
+assert not _BAD_FLAG & sum(layout.ENUMS["event_flags"].values())
+
+
+@pytest.mark.parametrize(("code", "column", "value"), [
+    ("bad-flags", "flags", layout.ENUMS["event_flags"]["has_gridid"] | layout.ENUMS["event_flags"]["has_tag"]
+     | _BAD_FLAG),
+    ("unknown-kernel-slot", "kernel_slot", 7),
+    ("bad-enum", "kind", _BAD_KIND),
+])
+def test_one_bad_event_inside_a_launchs_run(tmp_path, code, column, value):
+    at = (EV_CHUNK + 2 * PER + 17, 2 * EV_CHUNK + 5 * PER + 200)  # mid-run, in the second and third chunk
+
+    def mutate(e):
+        e[column][list(at)] = value
+
+    f = findings(make(tmp_path / "d.kvdump", mutate), "--no-reconcile")
+    assert f[code]["record"] == at[0] and f[code]["count"] == 2, f[code]
+    assert f[code]["field"] == f"device_event.{column}"
