@@ -14,6 +14,7 @@ their first to their last block entry.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -23,17 +24,19 @@ from kvconv.emit import _text as t
 from kvconv.emit._canary import CanarySteps
 from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
 from kvconv.emit._first_pass import flow_id
-from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, release_groups
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Dropped, release_groups
 from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import Plan
 from kvconv.format import layout
+from kvconv.memory import release_heap
 
 EST_EVENT_BYTES = 130
 BLOCK_EXIT = layout.ENUMS["event_kind"]["block_exit"]
 EXIT_SUFFIX = " (block exit)"  # the name of a block-exit event: its kernel's, with this
 LINES = SLICE  # device events rendered at a time
+WRITE_AHEAD = 8 << 20  # bytes rendered ahead of the writer (32 MiB: as much again in the peak, for no speed)
 
 
 def _j(s: str) -> bytes:
@@ -348,7 +351,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
         # "r+b": the fresh temporary is empty; truncating it ("wb") would make ext4 (auto_da_alloc) start writing
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="chrome", force=options.force) as tmp, open(tmp, "r+b") as raw, \
-                BackgroundWriter(raw) as f:
+                BackgroundWriter(raw, limit=WRITE_AHEAD) as f:
             f.write(json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1].encode())
             # Kineto's header: HTA finds a trace's rank with the pattern '"rank":\s+N' (a space after the colon)
             f.write(b',"distributedInfo":{"rank": %d}' % _rank(ctxs))
@@ -363,6 +366,7 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
                 res.flows += ch.pl.host_flows()
                 for b in ch.slices():
                     f.write(b)
+                _let_go_before_kernels(ch, options)
                 for b in ch.kernels():
                     f.write(b)
                 ch.pl.forget_kernel_rows()
@@ -381,6 +385,26 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
     return res
 
 
+# what the host launch events and the node slices read, and the kernel slices and device events do not
+_HOST_AND_NODES = ("host_ns", "launch_id", "node_ordinal", "grid", "upload")
+
+
+def _let_go_before_kernels(ch: _Chrome, options: EmitOptions) -> None:
+    """A lazy context's per-launch columns that only the host launch events and the node slices read (32 bytes a
+    launch), let go once they are written and before the kernel slices are planned (their columns and temporaries
+    were the peak of a 10 GiB trace: issue 13); then ``graph_exec``, which only that planning reads after them.
+    Contexts kept in memory (small dumps) keep theirs; ``--replays`` filters device events by the launch ids."""
+    pl, c = ch.pl, ch.c
+    if not c.lazy or options.replays is not None:
+        return
+    c.host = dataclasses.replace(c.host, **{k: Dropped(k) for k in _HOST_AND_NODES})
+    pl.node_rows = pl.node_exec = pl.node_lane = pl.node_name_ix = None
+    release_heap()
+    pl.kernel_rows  # noqa: B018 - planned now (Plan.__getattr__), while graph_exec is there
+    c.host = dataclasses.replace(c.host, graph_exec=Dropped("graph_exec"))
+    release_heap()
+
+
 def _rank(ctxs) -> int:
     """The trace's rank for tools that read one trace per rank (HTA): the dump's ``metadata.rank`` where the tracer
     recorded one, else the GPU of its first context (one GPU per rank, as tensor-parallel engines run)."""
@@ -390,16 +414,26 @@ def _rank(ctxs) -> int:
 
 
 def _block_dims(c, rows: np.ndarray) -> tuple:
-    """blockDim x, y, z of the launch-table ``rows`` (read from their records: the table keeps the grid only)."""
+    """blockDim x, y, z of the launch-table ``rows`` (read from their records: the table keeps the grid only), group
+    by group: ``dump.records`` of a kind held in many groups (every long run) is a copy of all of them, 96 bytes a
+    launch, which this did per slice of rows (issue 13: the peak of a 10 GiB Chrome trace)."""
     h = c.host
     out = [np.zeros(len(rows), np.uint64) for _ in range(3)]
     for kind, name in ((GRAPH_NODE, "graph_node"), (EAGER, "eager_launch")):
         sel = np.flatnonzero(h.kind[rows] == kind)
-        if len(sel):
-            recs = c.dump.records(name, context_id=c.context_id)
-            idx = h.index[rows[sel]]
+        if not len(sel):
+            continue
+        groups = c.dump.groups_of(name, context_id=c.context_id)
+        ends = np.cumsum([len(g.records) for g in groups])
+        idx = h.index[rows[sel]].astype(np.int64)  # index into the kind's records, groups in order
+        gi = np.searchsorted(ends, idx, side="right")
+        used = np.unique(gi).tolist()
+        for g in used:
+            m = np.flatnonzero(gi == g) if len(used) > 1 else slice(None)
+            recs = groups[g].records
+            local = idx[m] - (int(ends[g - 1]) if g else 0)
             for k, f in enumerate(("block_dim_x", "block_dim_y", "block_dim_z")):
-                out[k][sel] = recs[f][idx]
+                out[k][sel[m]] = recs[f][local]
     if c.dump.size > RELEASE_BYTES:  # the records' pages just read go back (the launch table holds the rest)
         release_groups(c.dump, ("graph_node", "eager_launch"), c.context_id)
     return tuple(out)
