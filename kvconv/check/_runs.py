@@ -4,7 +4,7 @@ the tally) each work per run instead of per event, and no column of the chunk is
 
     >>> r = chunk_runs(ev, ev["kind"])                     # doctest: +SKIP
     >>> r.starts, r.lens, r.gid, r.flags, r.max["block_x"]  # per run
-    >>> r.all_enter                                        # every event a block entry
+    >>> r.all_enter, r.consecutive                         # every event a block entry; sequences +1 each
 
 A run is a stretch of events with equal gridid, tag, flags and kernel slot (a tracer writes a launch's blocks
 together): whatever is constant in a run is read at its first event, and a run's largest blockIdx is its maximum.
@@ -31,6 +31,7 @@ class Runs:
     slot: np.ndarray
     max: dict  # "block_x" / "block_y" / "block_z" -> per run, the largest
     all_enter: bool  # every event of the chunk a block entry (its kind column need not be read again)
+    consecutive: bool  # sequences rise by exactly 1 from event to event (in order, no gap, no repeat)
 
     @property
     def n(self) -> int:
@@ -63,5 +64,7 @@ def chunk_runs(ev: np.ndarray, kind: np.ndarray | None = None) -> Runs:
         lens[-1] = n - st[-1]
     mx = {b: np.maximum.reduceat(ev[b], st) if n else np.zeros(0, ev.dtype[b]) for b in ("block_x", "block_y",
                                                                                              "block_z")}
+    seq = ev["sequence"]
     return Runs(starts=st, lens=lens, gid=gid[st], tag=tag[st], flags=flags[st], slot=slot[st], max=mx,
-                all_enter=kind is None or bool(np.all(kind == BLOCK_ENTER)))
+                all_enter=kind is None or bool(np.all(kind == BLOCK_ENTER)),
+                consecutive=n < 2 or bool(np.all(np.diff(seq) == 1)))

@@ -53,7 +53,7 @@ def _check_device_events(d, c: _Collector, kernel_slots: set[int] | None, grids,
             if feed is not None:
                 feed(ctx_base + base, ev, kind, runs)
             checks.chunk(c, g, ev, base, kind, runs)
-            order.add(ev, base)
+            order.add(ev, base, runs.consecutive)
             if pages is not None:
                 pages.done(g, base, len(ev), crc)
         if pages is not None:
@@ -150,14 +150,15 @@ class _SequenceOrder:
         self.in_order, self.timer = True, _TimerOrder()
         self.prev_seq = self.prev_t = None
 
-    def add(self, ev: np.ndarray, base: int) -> None:
+    def add(self, ev: np.ndarray, base: int, consecutive: bool) -> None:
+        """``consecutive``: the chunk's sequences rise by 1 from event to event (:attr:`kvconv.check._runs.Runs`)."""
         if not self.in_order or not len(ev):
             return
         seq = ev["sequence"]
         if self.prev_seq is not None and int(seq[0]) != (self.prev_seq + 1) & _U64:
             self.in_order = False
             return
-        if not bool(np.all(np.diff(seq) == 1)):
+        if not consecutive:
             self.in_order = False
             return
         t = np.ascontiguousarray(ev["globaltimer"])

@@ -74,8 +74,12 @@ class ContextStream:
             self._defaults(base, len(recs), all_enter)
         if not len(sub):
             return
+        if runs is None:
+            runs = chunk_runs(sub)
         seq = sub["sequence"]
-        if (self.last_seq is not None and int(seq[0]) < self.last_seq) or bool(np.any(seq[1:] < seq[:-1])):
+        # sequences rising by 1 (found with the runs) are in order: not compared again
+        if (self.last_seq is not None and int(seq[0]) < self.last_seq) or (
+                not runs.consecutive and bool(np.any(seq[1:] < seq[:-1]))):
             self._give_up()
             return
         self.last_seq = int(seq[-1])
@@ -83,7 +87,7 @@ class ContextStream:
             self.first_idx = int(idx[0])
         self.last_idx = int(idx[-1])
         self.n += len(sub)
-        self._join(sub, idx, runs if runs is not None else chunk_runs(sub))
+        self._join(sub, idx, runs)
 
     def _join(self, sub, idx, runs: Runs) -> None:
         """The exact join of block entries in sequence order, one look-up per run of one launch's blocks."""
