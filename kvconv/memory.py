@@ -31,3 +31,30 @@ def _malloc_trim():
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
+
+
+MAPPED_ARRAYS = 4 << 20  # bytes from which an allocation gets pages of its own (mmap), given back when freed
+
+
+def map_large_arrays() -> None:
+    """Have glibc give every allocation of ``MAPPED_ARRAYS`` bytes or more pages of its own (``mallopt``
+    M_MMAP_THRESHOLD), returned to the system the moment it is freed. By default glibc raises that threshold (up to
+    32 MiB) each time such a block is freed, after which one context's whole-table columns and their temporaries
+    land in the heap, where the next context's, built among their holes, grew a 10 GiB Chrome trace's peak by
+    ~100 MiB (issue 13). Chunk-sized temporaries stay below the threshold (no page faults added per chunk). For
+    processes that hold one large state after another (the Chrome emitter calls it on large dumps); once set, glibc keeps
+    it for the process."""
+    fn = _mallopt()
+    if fn is not None:
+        fn(-3, MAPPED_ARRAYS)  # M_MMAP_THRESHOLD (malloc.h)
+
+
+@functools.cache
+def _mallopt():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
