@@ -26,7 +26,9 @@ What it computes, per context of the dump:
     drops, the deficit may lie anywhere: events whose launch is the same under every possible placement are matched,
     the rest are reported as one ambiguous run of launches with its deficit. Launches that ran on different streams
     next to each other (e.g. the nodes of a multi-stream graph replay) form a window whose events are attributed to
-    the window (the replay) but not to a node, and the report says the ordered join cannot tell.
+    the window (the replay) but not to a node, and the report says the ordered join cannot tell. The report's join
+    is a second pass over the events, chunk by chunk (``window``), in memory only for the matches table, events out
+    of sequence order in the file, and more events than blocks with 0 drops.
 
 * timing per graph executable from device ``%globaltimer`` only (per replay span from the first to the last node's
   first block entry, gaps from the last entry of one replay to the first of the next, per node start offsets); host
@@ -35,8 +37,8 @@ What it computes, per context of the dump:
 
 Record indices (``host_index``, ``device_index``, Finding.record) are indices into ``d.records(kind, context_id=ctx)``.
 
-Stages (one module each, each returning values): ``events`` (load) -> ``exact`` / ``ordered`` (join) -> ``count``
--> ``graphs`` (per graph exec, host side and device timing) -> ``report`` (JSON, tables, verdict, text).
+Stages (one module each, each returning values): ``events`` (load) -> ``exact`` / ``ordered`` / ``window`` (join)
+-> ``count`` -> ``graphs`` (per graph exec, host side and device timing) -> ``report`` (JSON, tables, verdict, text).
 ``launches.LaunchTable`` and ``exact.ExactJoin`` are shared with the emitters.
 """
 
@@ -47,7 +49,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvconv.check.reconcile._notes import Notes
-from kvconv.check.reconcile.count import check_ordered_against_gridid, count_blocks
+from kvconv.check.reconcile.count import check_ordered_against_gridid, count_blocks, gridid_note
 from kvconv.check.reconcile.durations import LaunchDurations
 from kvconv.check.reconcile.durations import section as durations_section
 from kvconv.check.reconcile.events import SEQ_LIMIT, load_drops, load_events
@@ -82,6 +84,7 @@ from kvconv.check.reconcile.report import (
 )
 from kvconv.check.reconcile.stream import ContextStream
 from kvconv.check.reconcile.tally import tally_match
+from kvconv.check.reconcile.window import Windowed, join_window
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
 from kvconv.memory import release_heap
@@ -259,7 +262,7 @@ class Reconciler:
         if s.xj is not None:
             s.dur = LaunchDurations(t, s.xj, enters=False)  # the entries: the tally's earliest per launch
         if ordered:
-            s.stop()  # the ordered join needs the events in memory: the pass only counts them
+            s.count_only()  # the pass counts the events and checks their order; the join is a second pass (window)
         self._streams[ctx] = s
         release_heap()  # the table's and the join's build temporaries
         return s
@@ -330,8 +333,10 @@ def _mode(want: str, any_gid: bool) -> str:
     return ("exact" if any_gid else "ordered") if want == "auto" else want
 
 
-def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str, s: ContextStream | None) -> _Joined:
-    """The join: from the streaming pass ``s`` when it answers (exact), else of the events in memory ``ev``."""
+def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str, s: ContextStream | None,
+          w: Windowed | None = None) -> _Joined:
+    """The join: from the streaming pass ``s`` when it answers (exact), from the second pass ``w`` (ordered), else of
+    the events in memory ``ev``."""
     n = s.n if s is not None else ev.n
     any_gid = s.any_gid if s is not None else bool(ev.has_gid.any())
     nh = int((~t.upload).sum())
@@ -344,6 +349,9 @@ def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str, s: Co
             notes.add("warning", "no-host-records", f"{n:,} device events and no host launch records: nothing to "
                       "reconcile them against", kind="device_event", index=first, count=n, listed=False)
         return _Joined("none" if not (n and nh) else mode, note, None if s is not None else Match.empty(n), None)
+    if mode == "ordered" and w is not None:
+        w.placer.misfit_notes(names, notes)
+        return _Joined(mode, w.ordered.note, None, w.ordered)
     if mode == "ordered":
         o = join_ordered(ev, t, drops, names, notes)
         return _Joined(mode, o.note, o.match, o)
@@ -381,9 +389,13 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
                       stream: ContextStream | None = None, tables: bool = True, launches: bool = False):
     """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table,
     (device events, matched, host launches)). ``stream``: the context's streaming pass, used when it answers."""
-    s = stream
+    s, w = stream, None
     if s is not None and not s.usable(_mode(options.join, s.any_gid)):
-        s = None
+        if _mode(options.join, s.any_gid) == "ordered" and s.in_order and not tables:
+            s.b = None  # the first pass's tally (none, or the exact join's unmatched): the window pass keeps its own
+            w = join_window(s.t, s, load_drops(d, ctx, Notes(d, ctx, options)), event_chunks(d, ctx))
+        if w is None:
+            s = None
     if s is not None:
         _seq_range_note(s, notes)
         ev, t, n_all = None, s.t, s.n_all
@@ -396,15 +408,18 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
                   "ignored", listed=False)
     names = d.kernel_names(context_id=ctx)
     graphs = host_graphs(t, names, notes)
-    if s is not None and not (tables or launches):
+    if s is not None and w is None and not (tables or launches):
         # the streamed report reads host times and streams in the graphs' host side only: their 16 bytes a row go
         # before the device side's stage, the peak of a large dump's report (issue 13)
         t = s.t = replace(t, host_ns=None, stream=None)
     _duplicate_findings(t, names, notes)
-    j = _join(ev, t, drops, names, notes, options.join, s)
-    tally = s.b.finish(s.n) if s is not None else tally_match(t, ev, j.match)
-    counts = count_blocks(ev, t, tally, j.ordered, drops, names, notes, options.strict_coverage)
-    if j.mode == "ordered" and check_ordered_against_gridid(ev, t, j.match, notes):
+    j = _join(ev, t, drops, names, notes, options.join, s, w)
+    tally = w.tally if w is not None else s.b.finish(s.n) if s is not None else tally_match(t, ev, j.match)
+    counts = count_blocks(t, tally, j.ordered, drops, names, notes, options.strict_coverage)
+    if w is not None and w.contradicted[0]:
+        gridid_note(notes, *w.contradicted)
+        tally = w.after  # withdrawn launches: the timing and the device counts after it
+    elif w is None and j.mode == "ordered" and check_ordered_against_gridid(ev, t, j.match, notes):
         tally = tally_match(t, ev, j.match)  # withdrawn launches: the timing and the device counts after it
     graph_reports = device_side(graphs, t, tally)
     ac = agreement_counts(t, tally, counts, drops, j.extra_replay_events)

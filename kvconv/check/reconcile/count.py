@@ -1,7 +1,7 @@
 """Count stage: per launch the device events matched to it, the distinct in-grid blocks among them, those outside
 the grid or repeated, the earliest entry; the missing / extra findings; what no launch accounts for.
 
-    >>> c = count_blocks(ev, table, match, ordered, drops, names, notes, options)   # doctest: +SKIP
+    >>> c = count_blocks(table, match, ordered, drops, names, notes, options)   # doctest: +SKIP
     >>> c.missing.sum(), c.unattributed
 """
 
@@ -28,11 +28,11 @@ class Counts:
     unattributed: int  # events counted neither in a launch nor in an ambiguous run
 
 
-def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
+def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
                  strict_coverage: bool) -> Counts:
     """``tally``: the join's per-launch reductions (:mod:`kvconv.check.reconcile.tally`); ``o``: the ordered join's
-    extras (:class:`kvconv.check.reconcile.ordered.Ordered`) or None; ``ev``: the events in memory (the ordered
-    join's regions name their first event), or None."""
+    extras (:class:`kvconv.check.reconcile.ordered.Ordered`) or None (its regions name their first event by device
+    index)."""
     distinct = tally.distinct
     exp = _Expected(t)
     in_region = o.in_region if o is not None else np.zeros(t.n, bool)
@@ -57,7 +57,7 @@ def count_blocks(ev: Events | None, t: LaunchTable, tally: Tally, o, drops: Drop
                   f"missing{why}", kind=kind_name(t, hh), index=int(t.index[hh]))
     _extra_findings(t, tally, exp, o, names, notes)
     regions = o.regions if o is not None else []
-    _region_findings(t, regions, ev, drops, names, notes)
+    _region_findings(t, regions, drops, names, notes)
     in_runs = sum(r["unattributed_events"] for r in regions)
     return Counts(tally=tally, missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
 
@@ -92,7 +92,7 @@ def _extra_findings(t, tally: Tally, exp, o, names, notes) -> None:
                   f"than once, first ({x},{y},{z})", kind="device_event", index=dev, count=int(dupblk[hh]))
 
 
-def _region_findings(t, regions, ev, drops, names, notes) -> None:
+def _region_findings(t, regions, drops, names, notes) -> None:
     ms_groups: dict = {}
     for r in regions:
         hs = r["hosts"]
@@ -100,7 +100,7 @@ def _region_findings(t, regions, ev, drops, names, notes) -> None:
                 and (t.kind[hs] == GRAPH_NODE).all() and len(np.unique(t.graph_exec[hs])) == 1):
             ms_groups.setdefault(int(t.graph_exec[hs[0]]), []).append(r)
         else:
-            _region_finding(t, r, ev, drops, names, notes)
+            _region_finding(t, r, drops, names, notes)
     for ex, rs in ms_groups.items():
         reps = sorted({int(v) for r in rs for v in t.launch_id[r["hosts"]]})
         hs = np.concatenate([r["hosts"] for r in rs])
@@ -109,10 +109,10 @@ def _region_findings(t, regions, ev, drops, names, notes) -> None:
                   f"nodes ran on {len(np.unique(t.stream[hs]))} streams and the device order between streams is "
                   f"unknown, so {nev:,} events are attributed to their replay only, not to a node (counts per replay "
                   "agree); use a dump with gridid+tag for the exact join",
-                  kind="device_event", index=int(ev.idx[rs[0]["first_event"]]), count=nev)
+                  kind="device_event", index=rs[0]["first_event"], count=nev)
 
 
-def _region_finding(t, r: dict, ev, drops: Drops, names, notes: Notes) -> None:
+def _region_finding(t, r: dict, drops: Drops, names, notes: Notes) -> None:
     hs = r["hosts"]
     first, last = int(hs[0]), int(hs[-1])
     d_ = r["expected_blocks"] - r["device_events"]
@@ -122,7 +122,7 @@ def _region_finding(t, r: dict, ev, drops: Drops, names, notes: Notes) -> None:
         notes.add("warning", "ordered-ambiguous", f"ordered join: {what} ran on {len(np.unique(t.stream[hs]))} "
                   f"streams; the device order between streams is unknown, so {r['unattributed_events']:,} events are "
                   f"attributed to their replay/window only, not to a node (graph exec {', '.join(ex)}); use a dump "
-                  "with gridid+tag for the exact join", kind="device_event", index=int(ev.idx[r["first_event"]]),
+                  "with gridid+tag for the exact join", kind="device_event", index=r["first_event"],
                   count=r["unattributed_events"])
         if d_:
             notes.add("error", "missing-blocks" if d_ > 0 else "extra-blocks",
@@ -144,16 +144,25 @@ def check_ordered_against_gridid(ev: Events, t: LaunchTable, match: Match, notes
     Where they disagree, the device order is not the host order (a multi-stream graph, concurrent kernels): the
     ordered answer for those events is wrong, so it is reported and their launch/node attribution is withdrawn (they
     keep their replay; block counts were taken before, per replay they still agree)."""
-    m = (match.host >= 0) & ev.has_gid
-    bad = np.zeros(len(m), bool)
-    bad[m] = t.grid_id[match.host[m]] != ev.gridid[m]
+    bad = gridid_contradicts(t, match, ev.has_gid, ev.gridid)
     n = int(bad.sum())
     if n:
-        first = int(np.flatnonzero(bad)[0])
-        notes.add("warning", "ordered-ambiguous", f"ordered join contradicted by %gridid for {n:,} device events: the "
-                  "device order is not the host order (a multi-stream graph or concurrent kernels), so these events "
-                  "keep their replay but not a launch or node; use --join exact", kind="device_event",
-                  index=int(ev.idx[first]), count=n)
+        gridid_note(notes, n, int(ev.idx[np.flatnonzero(bad)[0]]))
         match.host[bad] = -1
         match.ordinal[bad] = -1
     return n
+
+
+def gridid_contradicts(t: LaunchTable, match: Match, has_gid: np.ndarray, gridid: np.ndarray) -> np.ndarray:
+    """The events (of one chunk or all) whose ordered launch names another grid id than the event carries."""
+    m = (match.host >= 0) & has_gid
+    bad = np.zeros(len(m), bool)
+    bad[m] = t.grid_id[match.host[m]] != gridid[m]
+    return bad
+
+
+def gridid_note(notes: Notes, n: int, first_dev: int) -> None:
+    notes.add("warning", "ordered-ambiguous", f"ordered join contradicted by %gridid for {n:,} device events: the "
+              "device order is not the host order (a multi-stream graph or concurrent kernels), so these events "
+              "keep their replay but not a launch or node; use --join exact", kind="device_event",
+              index=first_dev, count=n)

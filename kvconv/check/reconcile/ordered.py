@@ -33,24 +33,20 @@ class Ordered:
 def _offsets(ev: Events, t, order, C, E: int, drops: int, m: Match) -> tuple:
     """Positions and the range of offsets s (event at position p sits at host block p + s)."""
     T = int(ev.pos[-1]) + 1 if ev.n else 0  # block-enter slots reserved (gaps included)
-    gaps, delta = T - ev.n, E - T
+    gaps = T - ev.n
     p, surplus, alt = ev.pos, np.zeros(ev.n, bool), {}
-    if delta < 0 and drops == 0 and len(order):
+    if E - T < 0 and drops == 0 and len(order):
         # More events than blocks: find each surplus event as the first that does not fit the launch the forward
-        # placement gives it (kernel slot, blockIdx outside the grid, blockIdx repeated); a few rounds.
-        p, surplus, hosts, alt = _locate_surplus(ev, t, order, C, -delta)
+        # placement gives it (kernel slot, blockIdx outside the grid, blockIdx repeated); a few rounds. In memory
+        # only (the chunked join leaves this case to this path): a damaged dump's rare shape.
+        p, surplus, hosts, alt = _locate_surplus(ev, t, order, C, T - E)
         if surplus.any():
             m.host[surplus] = hosts
             m.join[surplus] = JOIN_ORDERED
             keep = ~surplus
             T = int(p[keep][-1]) + 1 if keep.any() else 0
-            delta = E - T
-    if delta >= 0:
-        s_lo, s_hi = (delta, delta) if drops == 0 else (max(0, delta - drops), delta)
-    else:
-        s_lo, s_hi = delta, 0
-    info = {"expected_blocks": E, "sequence_slots": T, "sequence_gaps": gaps, "offset_lo": s_lo, "offset_hi": s_hi,
-            "device_drops": drops}
+    delta, s_lo, s_hi, info = offsets_of(E, T, ev.n, drops)
+    info["sequence_gaps"] = gaps
     return p, surplus, alt, delta, s_lo, s_hi, info
 
 
@@ -70,49 +66,174 @@ def _windows(t: LaunchTable, order: np.ndarray) -> np.ndarray:
     return np.r_[0, np.cumsum(~link)]
 
 
-def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: Notes) -> Ordered:
-    """Lay events (sequence order) over host launches (host order), each launch taking its grid's block count."""
-    m = Match.empty(ev.n)
-    live = np.flatnonzero(~t.dup & ~t.upload)
-    order = live[np.lexsort((t.rank[live], t.host_ns[live]))]  # host order; report order within equal host_ns
-    nL = len(order)
-    exp = t.grid[order]
-    C = np.cumsum(exp)
-    E = int(C[-1]) if nL else 0
-    p, surplus, alt, delta, s_lo, s_hi, info = _offsets(ev, t, order, C, E, drops.device, m)
-    win = _windows(t, order)
-    wstart_of = np.searchsorted(win, win, side="left")
-    wend_of = np.searchsorted(win, win, side="right") - 1
-    a_raw = p + s_lo
-    in_a = (a_raw >= 0) & (a_raw < E) & ~surplus
-    la = _launch_at(C, a_raw, E)
-    if s_hi == s_lo:  # one placement (no drops): the same launches under both offsets
-        b_raw, in_b, lb = a_raw, in_a, la
+class Layout:
+    """The host side of the ordered join, built once per context: launch-table rows in host order (duplicates and
+    uploads left out), their block counts and cumulative counts, and the multi-stream windows."""
+
+    def __init__(self, t: LaunchTable) -> None:
+        live = np.flatnonzero(~t.dup & ~t.upload)
+        self.t = t
+        self.order = live[np.lexsort((t.rank[live], t.host_ns[live]))]  # host order; report order within equal host_ns
+        self.exp = t.grid[self.order]
+        self.C = np.cumsum(self.exp)
+        self.E = int(self.C[-1]) if len(self.order) else 0
+        self.win = _windows(t, self.order)
+        self.wstart_of = np.searchsorted(self.win, self.win, side="left")
+        self.wend_of = np.searchsorted(self.win, self.win, side="right") - 1
+
+
+class Placer:
+    """Lays events over a :class:`Layout` under offsets ``s_lo .. s_hi``, chunk by chunk (events in sequence order,
+    positions non-decreasing): the per-chunk match, the misfits per launch and the ambiguous runs and multi-stream
+    windows, which may span chunk edges (the open one is carried to the next chunk)."""
+
+    def __init__(self, L: Layout, s_lo: int, s_hi: int) -> None:
+        self.L, self.s_lo, self.s_hi = L, s_lo, s_hi
+        self.misfit: dict = {}  # row -> [events, first device index, its kernel slot]
+        self.runs = {"deficit": _RunAcc("deficit"), "multi-stream": _RunAcc("multi-stream")}
+
+    def place(self, m: Match, p: np.ndarray, slot: np.ndarray, idx: np.ndarray, surplus=None) -> tuple:
+        """Fill ``m`` (one chunk's events at positions ``p``; ``surplus``: events already placed apart); returns the
+        chunk's host blocks under the lowest and highest offset."""
+        L, t = self.L, self.L.t
+        a_raw = p + self.s_lo
+        in_a = (a_raw >= 0) & (a_raw < L.E)
+        if surplus is not None:
+            in_a &= ~surplus
+        la = _launch_at(L.C, a_raw, L.E)
+        if self.s_hi == self.s_lo:  # one placement (no drops): the same launches under both offsets
+            b_raw, in_b, lb = a_raw, in_a, la
+        else:
+            b_raw = p + self.s_hi
+            in_b = (b_raw >= 0) & (b_raw < L.E)
+            if surplus is not None:
+                in_b &= ~surplus
+            lb = _launch_at(L.C, b_raw, L.E)
+        wa, wb = L.wstart_of[la], L.wend_of[lb]
+        exact_node = in_a & in_b & (wa == wb)  # one launch, single-launch window
+        win_only = in_a & in_b & ~exact_node & (L.win[la] == L.win[lb])
+        amb = ~(exact_node | win_only)
+        if surplus is not None:
+            amb &= ~surplus
+        m.host[exact_node] = L.order[la[exact_node]]
+        m.join[exact_node | win_only] = JOIN_ORDERED
+        m.fill_from_host(t)
+        _attribute_windows(t, m, L.order, L.win, la, wa, wb, win_only)
+        self._misfits(m, slot, idx)
+        lo = np.where(amb, np.where(in_a, wa, 0), wa)
+        hi = np.where(amb, np.where(in_b, wb, len(L.order) - 1), wb)
+        self.runs["deficit"].add(amb, lo, hi, idx)
+        self.runs["multi-stream"].add(win_only, lo, hi, idx)
+        return a_raw, b_raw
+
+    def _misfits(self, m: Match, slot, idx) -> None:
+        """The kernel slot must fit; misfits are unmatched (reported per launch once every chunk is placed)."""
+        t = self.L.t
+        mis = (m.host >= 0) & (slot != t.kernel_slot[np.maximum(m.host, 0)])
+        if not mis.any():
+            return
+        evs = np.flatnonzero(mis)
+        uh, first, cnt = np.unique(m.host[mis], return_index=True, return_counts=True)
+        for h, f, c in zip(uh.tolist(), first.tolist(), cnt.tolist()):
+            v = self.misfit.setdefault(h, [0, int(idx[evs[f]]), int(slot[evs[f]])])
+            v[0] += c
+        m.clear(mis)
+
+    def misfit_notes(self, names: dict, notes: Notes) -> None:
+        t = self.L.t
+        for h in sorted(self.misfit, key=lambda h: (int(t.rank[h]), h)):
+            c, dev, slot = self.misfit[h]
+            notes.add("error", "ordered-misfit", f"ordered join: {c:,} device events laid on "
+                      f"{launch_name(t, names, h)} carry {kernel_short(names, slot)}, not the launch's kernel; "
+                      "the single-stream, same-order assumption does not hold here", kind="device_event",
+                      index=dev, count=c)
+
+    def regions(self, count) -> list:
+        """Ambiguous runs and multi-stream windows: [first launch, last launch] in host order, with their events;
+        ``count(blo, bhi)``: the events whose block falls in ``blo .. bhi - 1`` under either offset."""
+        L = self.L
+        start = L.C - L.exp
+        out = []
+        found = sorted(f for r in self.runs.values() for f in r.done())
+        for r_lo, r_hi, reason, nev, first_ev in found:
+            blo, bhi = int(start[r_lo]), int(L.C[r_hi])
+            out.append({"first_launch": r_lo, "last_launch": r_hi, "reason": reason,
+                        "expected_blocks": int(L.exp[r_lo : r_hi + 1].sum()),
+                        "device_events": int(count(blo, bhi)), "unattributed_events": nev,
+                        "hosts": L.order[r_lo : r_hi + 1], "first_event": first_ev})
+        return out
+
+
+class _RunAcc:
+    """Runs of events of one reason (ambiguous or multi-stream) as [lo, hi] launch ranges: lo/hi are non-decreasing
+    in position, a new run starts where lo passes the running hi. The open run is carried across chunks."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason, self.found, self.open = reason, [], None  # open: (lo, hi, events, first device index)
+
+    def add(self, sel, lo, hi, idx) -> None:
+        ev_sel = np.flatnonzero(sel)
+        if not len(ev_sel):
+            return
+        rl, rh, first = lo[ev_sel], hi[ev_sel], idx[ev_sel]
+        cnt = np.ones(len(ev_sel), np.int64)
+        if self.open is not None:
+            o = self.open
+            rl, rh, cnt, first = np.r_[o[0], rl], np.r_[o[1], rh], np.r_[o[2], cnt], np.r_[o[3], first]
+        run_hi = np.maximum.accumulate(rh)
+        brk = np.r_[0, np.flatnonzero(rl[1:] > run_hi[:-1]) + 1]
+        nev = np.add.reduceat(cnt, brk)
+        ends = np.r_[brk[1:], len(rl)]
+        runs = [(int(rl[b0]), int(run_hi[b1 - 1]), int(c), int(first[b0])) for b0, b1, c in zip(brk, ends, nev)]
+        self.found.extend((lo_, hi_, self.reason, c, f) for lo_, hi_, c, f in runs[:-1])
+        self.open = runs[-1]
+
+    def done(self) -> list:
+        if self.open is not None:
+            lo_, hi_, c, f = self.open
+            self.found.append((lo_, hi_, self.reason, c, f))
+            self.open = None
+        return self.found
+
+
+def offsets_of(E: int, T: int, n: int, drops: int) -> tuple:
+    """``E`` expected blocks, ``T`` block-enter slots reserved (gaps included), ``n`` events, ``drops``: the range
+    of offsets s (the event at position p sits at host block p + s) and the report's "ordered" section."""
+    delta = E - T
+    if delta >= 0:
+        s_lo, s_hi = (delta, delta) if drops == 0 else (max(0, delta - drops), delta)
     else:
-        b_raw = p + s_hi
-        in_b = (b_raw >= 0) & (b_raw < E) & ~surplus
-        lb = _launch_at(C, b_raw, E)
-    wa, wb = wstart_of[la], wend_of[lb]
-    exact_node = in_a & in_b & (wa == wb)  # one launch, single-launch window
-    win_only = in_a & in_b & ~exact_node & (win[la] == win[lb])
-    amb = ~(exact_node | win_only | surplus)
-    m.host[exact_node] = order[la[exact_node]]
-    m.join[exact_node | win_only] = JOIN_ORDERED
-    m.fill_from_host(t)
-    _attribute_windows(t, m, order, win, la, wa, wb, win_only)
-    _misfits(ev, t, m, names, notes)
-    lo = np.where(amb, np.where(in_a, wa, 0), wa)
-    hi = np.where(amb, np.where(in_b, wb, nL - 1), wb)
-    regions = _regions(order, exp, C, a_raw, b_raw, lo, hi, ((amb, "deficit"), (win_only, "multi-stream")))
+        s_lo, s_hi = delta, 0
+    info = {"expected_blocks": E, "sequence_slots": T, "sequence_gaps": T - n, "offset_lo": s_lo, "offset_hi": s_hi,
+            "device_drops": drops}
+    return delta, s_lo, s_hi, info
+
+
+def finish(L: Layout, P: Placer, count, match, delta: int, info: dict, alt: dict, drops: Drops) -> Ordered:
+    """The join's result once every event is placed (``count``: see :meth:`Placer.regions`)."""
+    t, order = L.t, L.order
+    regions = P.regions(count)
     in_region = np.zeros(t.n, bool)
     for r in regions:
         in_region[r["hosts"]] = True
-    late = s_lo if (delta > 0 and drops.device == 0) else 0
+    late = P.s_lo if (delta > 0 and drops.device == 0) else 0
     info["late_start_blocks"] = late
     order_pos = np.full(t.n, -1, np.int64)
-    order_pos[order] = np.arange(nL)
-    return Ordered(match=m, order=order, order_pos=order_pos, regions=regions, in_region=in_region, info=info,
+    order_pos[order] = np.arange(len(order))
+    return Ordered(match=match, order=order, order_pos=order_pos, regions=regions, in_region=in_region, info=info,
                    coverage_late=late, surplus_alt=alt, note=_note(t, order, late, drops, delta))
+
+
+def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: Notes) -> Ordered:
+    """Lay events (sequence order, in memory) over host launches (host order), each launch taking its grid's block
+    count; :mod:`kvconv.check.reconcile.window` does the same chunk by chunk."""
+    m = Match.empty(ev.n)
+    L = Layout(t)
+    p, surplus, alt, delta, s_lo, s_hi, info = _offsets(ev, t, L.order, L.C, L.E, drops.device, m)
+    P = Placer(L, s_lo, s_hi)
+    a_raw, b_raw = P.place(m, p, ev.slot, ev.idx, surplus if surplus.any() else None)
+    P.misfit_notes(names, notes)
+    return finish(L, P, lambda blo, bhi: ((b_raw >= blo) & (a_raw < bhi)).sum(), m, delta, info, alt, drops)
 
 
 def _launch_at(C: np.ndarray, block: np.ndarray, E: int) -> np.ndarray:
@@ -139,48 +260,6 @@ def _attribute_windows(t, m: Match, order, win, la, wa, wb, win_only) -> None:
     m.replay[sel[same]] = t.replay[h0[same]]
     m.exec[sel[same]] = t.graph_exec[h0[same]]
     m.window[sel] = win[la[win_only]]
-
-
-def _misfits(ev: Events, t, m: Match, names: dict, notes: Notes) -> None:
-    """The kernel slot must fit; misfits are unmatched and reported (in report order of their launch)."""
-    mis = (m.host >= 0) & (ev.slot != t.kernel_slot[np.maximum(m.host, 0)])
-    if not mis.any():
-        return
-    evs = np.flatnonzero(mis)
-    uh, first, cnt = np.unique(m.host[mis], return_index=True, return_counts=True)
-    for j in np.argsort(t.rank[uh], kind="stable"):
-        h, f, c = uh[j], first[j], cnt[j]
-        notes.add("error", "ordered-misfit", f"ordered join: {int(c):,} device events laid on "
-                  f"{launch_name(t, names, h)} carry {kernel_short(names, ev.slot[evs[f]])}, not the launch's kernel; "
-                  "the single-stream, same-order assumption does not hold here", kind="device_event",
-                  index=int(ev.idx[evs[f]]), count=int(c))
-    m.clear(mis)
-
-
-def _regions(order, exp, C, a_raw, b_raw, lo, hi, kinds) -> list:
-    """Ambiguous runs and multi-stream windows: [first launch, last launch] in host order, with their events."""
-    found = []
-    for sel, reason in kinds:
-        ev_sel = np.flatnonzero(sel)
-        if not len(ev_sel):
-            continue
-        rl, rh = lo[ev_sel], hi[ev_sel]
-        # lo/hi are non-decreasing in position; a new region starts where lo passes the running hi
-        run_hi = np.maximum.accumulate(rh)
-        brk = np.r_[0, np.flatnonzero(rl[1:] > run_hi[:-1]) + 1]
-        ends = np.r_[brk[1:], len(ev_sel)]
-        for b0, b1 in zip(brk, ends):
-            found.append((int(rl[b0]), int(run_hi[b1 - 1]), reason, int(b1 - b0), int(ev_sel[b0])))
-    start = C - exp
-    out = []
-    for r_lo, r_hi, reason, nev, first_ev in sorted(found):
-        # every event whose position falls in the region's block span under either offset
-        blo, bhi = int(start[r_lo]), int(C[r_hi])
-        out.append({"first_launch": r_lo, "last_launch": r_hi, "reason": reason,
-                    "expected_blocks": int(exp[r_lo : r_hi + 1].sum()),
-                    "device_events": int(((b_raw >= blo) & (a_raw < bhi)).sum()), "unattributed_events": nev,
-                    "hosts": order[r_lo : r_hi + 1], "first_event": first_ev})
-    return out
 
 
 def _note(t, order, late: int, drops: Drops, delta: int) -> str:

@@ -7,8 +7,9 @@ per (gridid, tag) key, and, when asked, the matches table filled as the chunks g
     >>> s.in_order, s.any_gid                                                         # doctest: +SKIP
 
 The pass holds only while the events' sequence order is their order in the dump (a tracer writes each event at the
-slot its sequence reserved): events out of that order, or a join that is not exact (no gridid: the ordered join),
-leave the pass unused (``usable``) and the context is reconciled from memory instead.
+slot its sequence reserved): events out of that order leave the pass unused (``usable``) and the context is
+reconciled from memory instead. For the ordered join (no gridid, or ``--join ordered``) the pass counts the entries
+and checks their order; the join is a second pass (:mod:`kvconv.check.reconcile.window`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ContextStream:
         self.first_idx = self.last_idx = -1
         self.last_seq: int | None = None
         self.in_order = True
+        self.counting = False
         self.any_gid = False
         self.parts: list[Unmatched] = []
         self.un_events: list = []  # tables: (device indices, gridid, tag) of unmatched events carrying a gridid
@@ -74,12 +76,12 @@ class ContextStream:
             self._defaults(base, len(recs), all_enter)
         if not len(sub):
             return
-        if runs is None:
+        if runs is None and not self.counting:
             runs = chunk_runs(sub)
         seq = sub["sequence"]
         # sequences rising by 1 (found with the runs) are in order: not compared again
         if (self.last_seq is not None and int(seq[0]) < self.last_seq) or (
-                not runs.consecutive and bool(np.any(seq[1:] < seq[:-1]))):
+                not (runs is not None and runs.consecutive) and bool(np.any(seq[1:] < seq[:-1]))):
             self._give_up()
             return
         self.last_seq = int(seq[-1])
@@ -87,6 +89,9 @@ class ContextStream:
             self.first_idx = int(idx[0])
         self.last_idx = int(idx[-1])
         self.n += len(sub)
+        if self.counting:  # the ordered join's first pass: order and counts (kvconv.check.reconcile.window)
+            self.any_gid = self.any_gid or bool(np.any(sub["flags"] & _GID))
+            return
         self._join(sub, idx, runs)
 
     def _join(self, sub, idx, runs: Runs) -> None:
@@ -139,8 +144,11 @@ class ContextStream:
             mt[name][idx] = np.repeat(vals.astype(mt.dtype[name], copy=False), lens)
         mt["join"][idx] = np.repeat(np.where(ok, JOIN_EXACT, 0).astype(np.uint8), lens)
 
-    def stop(self) -> None:
-        self._give_up()
+    def count_only(self) -> None:
+        """The ordered join: this pass only checks the order and counts the entries; the join is a second pass."""
+        self.counting = True
+        self.b = None
+        self.parts, self.un_events, self.matches = [], [], None
 
     def release(self) -> None:
         """The context is reconciled: its per-row state goes now, whoever still holds this stream (the caller's
