@@ -15,6 +15,7 @@ attributed to a replay or window only, unmatched, and the graph-node events not 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +92,18 @@ class TallyBuilder:
             self.nbits = int(total)
         else:
             self.parts = []
+
+    def fork(self) -> TallyBuilder:
+        """A builder that goes on from this one's state on its own (the ordered join's second tally, made at the
+        first event the %gridid cross-check withdraws, so that dumps without one hold a single tally)."""
+        c = copy.copy(self)
+        for name in ("recorded", "outside", "repeats", "tmin_u", "tmin", "tmax", "bits"):
+            v = getattr(self, name)
+            setattr(c, name, None if v is None else v.copy())
+        c.first_out, c.first_dup = dict(self.first_out), dict(self.first_dup)
+        c.loose = {k: list(v) for k, v in self.loose.items()}
+        c.parts = list(self.parts) if self.parts is not None else None
+        return c
 
     # -- matched events ------------------------------------------------------------------------------------------
 

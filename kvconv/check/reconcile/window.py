@@ -52,7 +52,7 @@ def join_window(t, s, drops: Drops, chunks) -> Windowed | None:
         return None  # surplus: the in-memory join locates it
     P = Placer(L, s_lo, s_hi)
     b = TallyBuilder(t, max_events=n)
-    b2 = TallyBuilder(t, max_events=n) if s.any_gid else None
+    b2 = None  # the tally after the %gridid cross-check: forked from ``b`` at the first event it withdraws
     g = _Gaps()
     last_seq, n_other, done, bad_n, bad_first = -1, 0, 0, 0, -1
     for base, recs in chunks:
@@ -79,9 +79,11 @@ def join_window(t, s, drops: Drops, chunks) -> Windowed | None:
         m = Match.empty(len(sub))
         P.place(m, p, sub["kernel_slot"], idx)
         x, y, z, tt = sub["block_x"], sub["block_y"], sub["block_z"], sub["globaltimer"]
+        bad = gridid_contradicts(t, m, (sub["flags"] & _GID) != 0, sub["gridid"]) if s.any_gid else None
+        if bad is not None and b2 is None and bad.any():
+            b2 = b.fork()
         _tally(b, m, x, y, z, tt, idx)
         if b2 is not None:
-            bad = gridid_contradicts(t, m, (sub["flags"] & _GID) != 0, sub["gridid"])
             if bad.any():
                 bad_first = int(idx[np.flatnonzero(bad)[0]]) if bad_n == 0 else bad_first
                 bad_n += int(bad.sum())
@@ -91,7 +93,7 @@ def join_window(t, s, drops: Drops, chunks) -> Windowed | None:
         return None  # the file changed under the passes, or the counting pass's rule did not hold
     g.freeze()
     o = finish(L, P, lambda blo, bhi: g.count(blo - s_hi, bhi - s_lo), None, delta, info, {}, drops)
-    return Windowed(ordered=o, placer=P, tally=b.finish(n), after=b2.finish(n) if bad_n else None,
+    return Windowed(ordered=o, placer=P, tally=b.finish(n), after=b2.finish(n) if b2 is not None else None,
                     contradicted=(bad_n, bad_first))
 
 
