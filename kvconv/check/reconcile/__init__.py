@@ -261,7 +261,9 @@ class Reconciler:
                           tables=self.tables and not ordered)
         if s.xj is not None:
             s.dur = LaunchDurations(t, s.xj, enters=False)  # the entries: the tally's earliest per launch
-        if ordered:
+        if ordered and self.tables:
+            s.stop()  # the matches table of the ordered join: from the events in memory (ordered.join_ordered)
+        elif ordered:
             s.count_only()  # the pass counts the events and checks their order; the join is a second pass (window)
         self._streams[ctx] = s
         release_heap()  # the table's and the join's build temporaries

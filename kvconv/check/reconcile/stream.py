@@ -144,6 +144,9 @@ class ContextStream:
             mt[name][idx] = np.repeat(vals.astype(mt.dtype[name], copy=False), lens)
         mt["join"][idx] = np.repeat(np.where(ok, JOIN_EXACT, 0).astype(np.uint8), lens)
 
+    def stop(self) -> None:
+        self._give_up()
+
     def count_only(self) -> None:
         """The ordered join: this pass only checks the order and counts the entries; the join is a second pass."""
         self.counting = True
