@@ -284,11 +284,17 @@ class Plans:
         self.kept = [None if c.lazy else make(c, a, k) for c, a, k in zip(ctxs, aggs, self.canary)]
 
     def __iter__(self):
+        return self.walk()
+
+    def walk(self, *, drop: tuple = ()):
+        """The plans in context order; ``drop``: launch-table columns this walk does not read either, let go from a
+        lazy context's table as it is loaded (the descriptors' walk reads fewer than the events')."""
+        drop = self.drop + tuple(k for k in drop if k not in self.drop) if not self.join else ()
         for c, a, k, p in zip(self.ctxs, self.aggs, self.canary, self.kept):
             if p is not None:
                 yield p
                 continue
-            with c.held(join=self.join, drop=self.drop):
+            with c.held(join=self.join, drop=drop):
                 p = self.make(c, a.load() if isinstance(a, Spilled) else a, k)
                 release_heap()  # the load's and the planning's temporaries
                 yield p

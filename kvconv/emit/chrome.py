@@ -358,7 +358,8 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
             # Kineto's header: HTA finds a trace's rank with the pattern '"rank":\s+N' (a space after the colon)
             f.write(b',"distributedInfo":{"rank": %d}' % _rank(ctxs))
             f.write(b',"traceEvents":[\n{"ph":"M","pid":0,"name":"process_name","args":{"name":"kvconv"}}')
-            for ch in plans:
+            for ch in plans.walk(drop=_NOT_IN_META):
+                _descriptors_only(ch, options)
                 for b in ch.meta():
                     f.write(b)
                 ch = None  # a lazy context's plan goes before the next one's is made (Plans)
@@ -391,6 +392,21 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
 _HOST_AND_NODES = ("host_ns", "launch_id", "node_ordinal", "grid", "upload")
 
 
+# what neither the plan nor the metadata lines read (the tracks and their names are planned without them)
+_NOT_IN_META = ("index", "host_ns", "grid_id", "gx", "gy", "gz", "grid")
+
+
+def _descriptors_only(ch: _Chrome, options: EmitOptions) -> None:
+    """The plan of a lazy context made for the metadata lines alone (its tracks, the kernel slices' among them): the
+    per-launch rows and aggregates that only the events read go before the kernel slices are planned. Planned with
+    every column the events' walk holds, the descriptors' walk was the peak of a 10 GiB trace (issue 13)."""
+    if not ch.c.lazy or options.replays is not None:
+        return
+    ch.pl.host_rows = None
+    ch.pl.agg = dataclasses.replace(ch.pl.agg, flows=None, kept_hosts=None)
+    _let_go_before_kernels(ch, options)
+
+
 def _let_go_before_kernels(ch: _Chrome, options: EmitOptions) -> None:
     """A lazy context's per-launch columns that only the host launch events and the node slices read (32 bytes a
     launch), let go once they are written and before the kernel slices are planned (their columns and temporaries
@@ -404,6 +420,9 @@ def _let_go_before_kernels(ch: _Chrome, options: EmitOptions) -> None:
     release_heap()
     pl.kernel_rows  # noqa: B018 - planned now (Plan.__getattr__), while graph_exec is there
     c.host = dataclasses.replace(c.host, graph_exec=Dropped("graph_exec"))
+    # the slices' spans are the plan's own now: the first pass's first and last block per launch go (16 bytes a
+    # launch; the kernel slices and the device events read its counts, flows and lanes)
+    pl.agg = dataclasses.replace(pl.agg, first_ts=None, last_ts=None, kept_hosts=None)
     release_heap()
 
 
