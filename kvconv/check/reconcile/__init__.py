@@ -64,7 +64,7 @@ from kvconv.check.reconcile.exact import (
 )
 from kvconv.check.reconcile.graphs import device_side, host_graphs
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
-from kvconv.check.reconcile.ordered import join_ordered
+from kvconv.check.reconcile.ordered import join_ordered, misfit_notes
 from kvconv.check.reconcile.report import (
     LAUNCH_DTYPE,
     MATCH_DTYPE,
@@ -352,7 +352,7 @@ def _join(ev, t: LaunchTable, drops, names: dict, notes: Notes, want: str, s: Co
                       "reconcile them against", kind="device_event", index=first, count=n, listed=False)
         return _Joined("none" if not (n and nh) else mode, note, None if s is not None else Match.empty(n), None)
     if mode == "ordered" and w is not None:
-        w.placer.misfit_notes(names, notes)
+        misfit_notes(t, w.misfits, names, notes)
         return _Joined(mode, w.ordered.note, None, w.ordered)
     if mode == "ordered":
         o = join_ordered(ev, t, drops, names, notes)

@@ -140,13 +140,7 @@ class Placer:
         m.clear(mis)
 
     def misfit_notes(self, names: dict, notes: Notes) -> None:
-        t = self.L.t
-        for h in sorted(self.misfit, key=lambda h: (int(t.rank[h]), h)):
-            c, dev, slot = self.misfit[h]
-            notes.add("error", "ordered-misfit", f"ordered join: {c:,} device events laid on "
-                      f"{launch_name(t, names, h)} carry {kernel_short(names, slot)}, not the launch's kernel; "
-                      "the single-stream, same-order assumption does not hold here", kind="device_event",
-                      index=dev, count=c)
+        misfit_notes(self.L.t, self.misfit, names, notes)
 
     def regions(self, count) -> list:
         """Ambiguous runs and multi-stream windows: [first launch, last launch] in host order, with their events;
@@ -162,6 +156,16 @@ class Placer:
                         "device_events": int(count(blo, bhi)), "unattributed_events": nev,
                         "hosts": L.order[r_lo : r_hi + 1], "first_event": first_ev})
         return out
+
+
+def misfit_notes(t: LaunchTable, misfit: dict, names: dict, notes: Notes) -> None:
+    """The misfits of :class:`Placer` (row -> [events, first device index, its kernel slot]), in report order."""
+    for h in sorted(misfit, key=lambda h: (int(t.rank[h]), h)):
+        c, dev, slot = misfit[h]
+        notes.add("error", "ordered-misfit", f"ordered join: {c:,} device events laid on "
+                  f"{launch_name(t, names, h)} carry {kernel_short(names, slot)}, not the launch's kernel; "
+                  "the single-stream, same-order assumption does not hold here", kind="device_event",
+                  index=dev, count=c)
 
 
 class _RunAcc:

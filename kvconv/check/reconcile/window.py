@@ -30,7 +30,7 @@ _GID = np.uint8(layout.ENUMS["event_flags"]["has_gridid"])
 @dataclass(frozen=True)
 class Windowed:
     ordered: Ordered  # match None: the events were not held
-    placer: Placer  # its misfits are reported at the join's turn (Placer.misfit_notes)
+    misfits: dict  # reported at the join's turn (ordered.misfit_notes); the placer's host layout is gone by then
     tally: Tally  # before the %gridid cross-check (the block counts)
     after: Tally | None  # after it, when it withdrew events (the timing and the device counts)
     contradicted: tuple  # (events, first device index) the %gridid cross-check withdrew
@@ -93,7 +93,7 @@ def join_window(t, s, drops: Drops, chunks) -> Windowed | None:
         return None  # the file changed under the passes, or the counting pass's rule did not hold
     g.freeze()
     o = finish(L, P, lambda blo, bhi: g.count(blo - s_hi, bhi - s_lo), None, delta, info, {}, drops)
-    return Windowed(ordered=o, placer=P, tally=b.finish(n), after=b2.finish(n) if b2 is not None else None,
+    return Windowed(ordered=o, misfits=P.misfit, tally=b.finish(n), after=b2.finish(n) if b2 is not None else None,
                     contradicted=(bad_n, bad_first))
 
 
