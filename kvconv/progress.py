@@ -79,6 +79,12 @@ def _size(n: float) -> tuple[float, str]:
     return n, "B"
 
 
+def human_size(n: float) -> str:
+    """``n`` bytes as a person reads them: ``'39.1 GiB'``, ``'22.4 MiB'``."""
+    v, unit = _size(n)
+    return f"{v:.1f} {unit}"
+
+
 class Progress:
     """One task's progress. ``bar(n)`` advances by n units of ``total``; ``bar.update(done, total)`` sets the
     position; ``close()`` (or leaving ``with``) ends the display. ``size_bytes``: the input's size, shown as the

@@ -260,6 +260,21 @@ def test_big_trace_warning(tmp_path):
     assert any("--window" in w for w in res.warnings)
 
 
+@pytest.mark.parametrize("fmt", ["perfetto", "chrome"])
+@pytest.mark.parametrize("case", ["qwen3-14b", "h200-single"])
+def test_size_estimate_is_near_the_written_size(tmp_path, fmt, case):
+    """The too-big warning's estimate is within a factor of ~1.7 of what is written (Chrome's said 20 GiB of a
+    10 GiB dump's 39 GiB: half)."""
+    import re
+
+    out = tmp_path / f"t.{fmt}"
+    res = (write_perfetto if fmt == "perfetto" else write_chrome)([next((FIXTURES / case).glob("*.kvdump"))], out,
+                                                                   options=EmitOptions(ui_limit_bytes=1))
+    v, unit = re.search(r"about ([0-9.]+) (GiB|MiB|KiB|B)\b", " ".join(res.warnings)).groups()
+    est = float(v) * {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}[unit]
+    assert 0.6 < est / out.stat().st_size < 1.7
+
+
 JOIN_DUMPS = sorted(p for pat in ("h200-*/*.kvdump", "synthetic-multi/*.kvdump", "synthetic-reconcile/*.kvdump")
                     for p in FIXTURES.glob(pat))
 

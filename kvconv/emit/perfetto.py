@@ -33,6 +33,7 @@ from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import SPAN, Plan
+from kvconv.progress import human_size
 
 DEVICE_CLOCK = 64  # sequence-scoped custom clock: the GPU %globaltimer of that sequence's context
 HOST_CLOCK = 3  # BUILTIN_CLOCK_MONOTONIC
@@ -509,6 +510,8 @@ class _Packets:
 
 
 def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
+    """The trace's size before it is written (for the too-big-to-view warning): per kept device event and host record
+    (measured: 38-43 bytes per event on qwen3-14b and generated dumps)."""
     return sum(a.kept * EST_EVENT_BYTES + c.n_host * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
 
 
@@ -525,8 +528,8 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         release_join(ctxs, options)
         est = estimate_bytes(ctxs, aggs, options)
         if est > options.ui_limit_bytes:
-            warn(f"the trace will be about {est / 2**30:.1f} GiB, more than the Perfetto UI loads comfortably "
-                 f"({options.ui_limit_bytes / 2**30:.1f} GiB); use --window START_MS:END_MS or "
+            warn(f"the trace will be about {human_size(est)}, more than the Perfetto UI loads comfortably "
+                 f"({human_size(options.ui_limit_bytes)}); use --window START_MS:END_MS or "
                  "--replays FIRST:LAST, or open it with trace_processor --httpd")
         plans = Plans(ctxs, aggs, lambda c, a, k: _Packets(Plan(c, a, options, canary=k)), options,
                       unused=("tag", "node", "flags", "dup", "gx", "gy", "gz"))
