@@ -17,6 +17,14 @@ gen = load_script(ROOT / "bench" / "gendump.py")
 SIZE = 384 << 20
 
 
+def _assert_peak_below(command: str, dump, bound: float, *args) -> None:
+    """`kvconv COMMAND DUMP ARGS...` exits 0 with a peak RSS below ``bound`` times the dump's size."""
+    rc, rss = _peak_rss(command, dump, *args)
+    size = dump.stat().st_size
+    assert rc == 0
+    assert rss < size * bound, f"{command}: peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+
+
 @pytest.fixture(scope="module")
 def big_exits(tmp_path_factory):
     p = tmp_path_factory.mktemp("scale-exits") / "big-exits.kvdump"
@@ -28,10 +36,7 @@ def big_exits(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("emitter", ["perfetto", "chrome"])
 def test_block_slices_in_bounded_memory(big_exits, tmp_path, emitter):
-    rc, rss = _peak_rss(emitter, big_exits, "-o", tmp_path / f"out.{emitter}", "-q")
-    size = big_exits.stat().st_size
-    assert rc == 0
-    assert rss < size * 0.55, f"{emitter}: peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+    _assert_peak_below(emitter, big_exits, 0.55, "-o", tmp_path / f"out.{emitter}", "-q")
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +57,7 @@ def test_host_state_of_one_context_at_a_time(big_two_contexts, tmp_path, emitter
     packets of all records laid out a batch at a time (_wire.encode_batched). Holding both contexts' (and laying
     out all records at once) took this 382 MiB dump (2 x 99 k host records) to 139 MiB (perfetto) and 181 MiB
     (chrome); one at a time, 102 and 126 MiB."""
-    rc, rss = _peak_rss(emitter, big_two_contexts, "-o", tmp_path / f"out.{emitter}", "-q")
-    size = big_two_contexts.stat().st_size
-    assert rc == 0
-    assert rss < size * bound, f"{emitter}: peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+    _assert_peak_below(emitter, big_two_contexts, bound, "-o", tmp_path / f"out.{emitter}", "-q")
 
 
 @pytest.mark.slow
@@ -65,10 +67,7 @@ def test_arrow_holds_no_launch_table_while_streaming_records(big_two_contexts, t
     builds its Arrow arrays on pyarrow's buffers (kvconv.emit._arrays: ``pa.array`` imports pandas, 51 MiB of
     resident set). On this 382 MiB dump the old code peaked at 169 MiB (0.44 of the dump), this one at 120 (0.32);
     10 GiB: 525 -> 448 MiB."""
-    rc, rss = _peak_rss("arrow", big_two_contexts, "-o", tmp_path / "tables", "-q")
-    size = big_two_contexts.stat().st_size
-    assert rc == 0
-    assert rss < size * 0.38, f"arrow: peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+    _assert_peak_below("arrow", big_two_contexts, 0.38, "-o", tmp_path / "tables", "-q")
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +84,7 @@ def test_chrome_lets_go_of_host_columns_before_kernel_slices(gib_two_contexts):
     before it plans the kernel slices (kvconv.emit.chrome._let_go_before_kernels), renders 8 MiB ahead of the
     writer instead of 32, and maps large arrays apart (kvconv.memory.map_large_arrays). On this 1,020 MiB dump the
     old code peaked at 189 MiB (0.185 of the dump), this one at 128 (0.125); 2 GiB: 265 -> 162 MiB."""
-    rc, rss = _peak_rss("chrome", gib_two_contexts, "-o", "-", "-q")  # stdout: the launcher's /dev/null
-    size = gib_two_contexts.stat().st_size
-    assert rc == 0
-    assert rss < size * 0.16, f"chrome: peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+    _assert_peak_below("chrome", gib_two_contexts, 0.16, "-o", "-", "-q")  # stdout: the launcher's /dev/null
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +104,4 @@ def test_chrome_plans_the_descriptors_without_the_events_columns(launch_heavy):
     host rows, flows and the host and node columns before the kernel slices are planned). Planned with every
     column the events read, that walk was the peak of a 10 GiB trace (540 -> 466 MiB sampled, 531 -> 469 peak
     RSS); on this dump the old code peaked at 320 MiB (0.80 of it), this one at 289 (0.72)."""
-    rc, rss = _peak_rss("chrome", launch_heavy, "--join", "exact", "-o", "-", "-q")
-    size = launch_heavy.stat().st_size
-    assert rc == 0
-    assert rss < size * 0.77, f"chrome: peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+    _assert_peak_below("chrome", launch_heavy, 0.77, "--join", "exact", "-o", "-", "-q")

@@ -3,8 +3,10 @@ record checks (flags, kernel slots, blockIdx against the grid) and the reconcile
 the tally) each work per run instead of per event, and no column of the chunk is compared twice.
 
     >>> r = chunk_runs(ev, ev["kind"])                     # doctest: +SKIP
-    >>> r.starts, r.lens, r.gid, r.flags, r.max["block_x"]  # per run
-    >>> r.all_enter, r.consecutive                         # every event a block entry; sequences +1 each
+    >>> r.starts, r.lens, r.gid, r.flags, r.max["block_x"]  # per run         # doctest: +SKIP
+    >>> r.all_enter, r.consecutive  # every event a block entry; sequences +1   # doctest: +SKIP
+    >>> [(int(v), rows.tolist()) for v, rows in rows_by_value(np.array([7, 3, 7]), np.array([3, 7]))]
+    [(3, [1]), (7, [0, 2])]
 
 A run is a stretch of events with equal gridid, tag, flags and kernel slot (a tracer writes a launch's blocks
 together): whatever is constant in a run is read at its first event, and a run's largest blockIdx is its maximum.
@@ -68,3 +70,26 @@ def chunk_runs(ev: np.ndarray, kind: np.ndarray | None = None) -> Runs:
     return Runs(starts=st, lens=lens, gid=gid[st], tag=tag[st], flags=flags[st], slot=slot[st], max=mx,
                 all_enter=kind is None or bool(np.all(kind == BLOCK_ENTER)),
                 consecutive=n < 2 or bool(np.all(np.diff(seq) == 1)))
+
+
+SCAN_GROUPS = 64  # up to this many values, a comparison pass over the column each; beyond it, one stable sort
+
+
+def rows_by_value(col: np.ndarray, values: np.ndarray, live: np.ndarray | None = None):
+    """Yield ``(value, rows)`` for each of ``values`` (distinct, increasing): the rows of ``col`` equal to it (and
+    ``live``), increasing. A few values (graph execs): one comparison over the column each, no temporaries beyond a
+    value's rows; many (a run that instantiates a graph per step): one stable sort, not a pass per value."""
+    if len(values) <= SCAN_GROUPS:
+        for v in values:
+            m = col == v
+            if live is not None:
+                m &= live
+            yield v, np.flatnonzero(m)
+        return
+    rows = np.flatnonzero(live) if live is not None else np.arange(len(col))
+    order = rows[np.argsort(col[rows], kind="stable")]
+    srt = col[order]
+    lo, hi = np.searchsorted(srt, values, "left"), np.searchsorted(srt, values, "right")
+    del srt
+    for v, a, b in zip(values, lo.tolist(), hi.tolist()):
+        yield v, order[a:b]

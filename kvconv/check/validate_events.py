@@ -20,7 +20,7 @@ from kvconv.check._collect import (
     _enum_values,
     _known,
 )
-from kvconv.check._runs import BLOCK_ENTER, Runs, chunk_runs
+from kvconv.check._runs import Runs, chunk_runs
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 
@@ -28,7 +28,6 @@ EV_CHUNK = 1 << 15  # 2 MiB of events: every check of a chunk runs while it is i
 
 
 _EV = layout.LAYOUTS["device_event"]
-assert BLOCK_ENTER in layout.ENUMS["event_kind"].values()  # a chunk of block entries holds no unknown kind
 
 
 def _check_device_events(d, c: _Collector, kernel_slots: set[int] | None, grids, *, feed=None,

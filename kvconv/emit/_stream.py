@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconv._workers import worker
-from kvconv.check.reconcile.exact import ExactJoin, run_starts
+from kvconv.check._runs import run_starts
+from kvconv.check.reconcile.exact import ExactJoin
 from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.clock import Clock
 from kvconv.format import dump as dumpmod

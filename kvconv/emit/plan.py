@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvconv.check._runs import rows_by_value
 from kvconv.check.reconcile.launches import short_name
 from kvconv.emit._blocks import BlockStream, place_lanes
 from kvconv.emit._canary import canary_steps
@@ -99,12 +100,11 @@ def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def _pairs_by_exec(ex: np.ndarray, v: np.ndarray, n_exec: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (ex, v) pairs in (ex, v) order: each one's first occurrence, and each row's pair, where ``ex``
-    takes the values 0 .. n_exec - 1 (graph execs, a handful): one np.unique per exec, so that the temporaries are
-    one exec's rows at a time."""
+    takes the values 0 .. n_exec - 1 (graph execs): one np.unique per exec, so that the temporaries are one exec's
+    rows at a time (:func:`kvconv.check._runs.rows_by_value`)."""
     inv = np.empty(len(ex), np.int64)
     firsts, base = [], 0
-    for j in range(n_exec):
-        sel = np.flatnonzero(ex == j)
+    for _, sel in rows_by_value(ex, np.arange(n_exec)):
         if len(sel):
             _, f, i = np.unique(v[sel], return_index=True, return_inverse=True)
             inv[sel] = base + i.reshape(-1)

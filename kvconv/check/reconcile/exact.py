@@ -136,7 +136,7 @@ def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: No
     m = Match.empty(ev.n)
     if ev.n:
         # events come in runs of one launch's blocks: the lookup and the host columns once per run
-        starts = runs(ev.gridid, ev.tag, ev.flags)
+        starts = run_starts(ev.gridid, ev.tag, ev.flags)  # one launch's blocks come in a run
         rows = xj.lookup(ev.gridid[starts], ev.tag[starts], ev.flags[starts],
                          np.full(len(starts), BLOCK_ENTER, np.uint8))
         lens = np.diff(np.r_[starts, ev.n])
@@ -158,11 +158,6 @@ def join_exact(ev: Events, t: LaunchTable, xj: ExactJoin, names: dict, notes: No
         m.kind[sel], m.replay[sel], m.join[sel] = GRAPH_NODE, r, JOIN_EXACT
         m.exec[sel], m.ordinal[sel] = ex, ordn
     return m, extra
-
-
-def runs(gid, tag, flags) -> np.ndarray:
-    """Starts of runs of events with equal (gridid, tag, flags): one launch's blocks come in a run."""
-    return run_starts(gid, tag, flags)
 
 
 @dataclass(frozen=True)

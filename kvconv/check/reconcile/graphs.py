@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check._runs import run_starts
+from kvconv.check._runs import rows_by_value, run_starts
 from kvconv.check.reconcile._notes import Notes, hexs, ranges
 from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kernel_short
 
@@ -38,15 +38,15 @@ def host_graphs(t: LaunchTable, names: dict, notes: Notes) -> list[GraphExec]:
     live = (t.kind == GRAPH_NODE) & ~t.upload
     if not live.any():
         return []
-    # one graph exec at a time, its rows found by a comparison over the column (no sort of every graph-node row, no
-    # per-row gather: the rows' temporaries are the peak of a large dump's report stage, issue 13). The distinct
+    # one graph exec at a time (rows_by_value: a comparison over the column per exec when they are few, no sort of
+    # every graph-node row: the rows' temporaries are the peak of a large dump's report stage, issue 13). The distinct
     # graph execs from the starts of runs of one exec (a tracer writes a replay's records together).
     st = run_starts(t.graph_exec, live)
     execs = np.unique(t.graph_exec[st[live[st]]])
     rows = np.int32 if t.n < (1 << 31) else np.int64  # rows kept per graph exec: half the bytes
     out = []
-    for e in execs:
-        idx = np.flatnonzero((t.graph_exec == e) & live).astype(rows)
+    for _, idx in rows_by_value(t.graph_exec, execs, live):
+        idx = idx.astype(rows)
         rep = t.launch_id[idx]
         # (replay, record) order; replays normally grow in record order within a graph exec: then no sort
         if not bool(np.all(rep[1:] >= rep[:-1])):
