@@ -126,6 +126,29 @@ def test_text_rows_parse_like_json_dump():
     assert sorted(got, key=key) == sorted(want, key=key)
 
 
+def test_text_pads_few_valued_numbers_instead_of_grouping():
+    """A number of few values whose digit count differs between rows (block indices 0..130) is written in the width
+    of the largest with leading spaces (JSON whitespace), so the rows stay one matrix; many-valued numbers of
+    different digit counts still group (no padding); every row parses to its values."""
+    rng = np.random.default_rng(5)
+    n = 4096
+    few = rng.integers(0, 131, n).astype(np.uint64)
+    many = rng.integers(0, 10**12, n) >> rng.integers(0, 40, n)
+    rows = [_text.lit(',\n{"b":['), _text.uint(few), _text.lit(',0],"s":'), _text.uint(np.full(n, 3)), _text.lit("}")]
+    mats = _text.render_parts(rows, n)
+    assert len(mats) == 1 and mats[0].shape == (n, len('\n{"b":[130,0],"s":3}') + 1)
+    lines = _text.render(rows, n).decode().split(",\n")[1:]
+    assert {ln[ln.index("[") + 1 : ln.index(",")] for ln in lines} == {f"{x:>3}" for x in few.tolist()}
+    got = json.loads("[" + ",".join(lines) + "]")
+    assert [e["b"][0] for e in got] == few.tolist() and all(e["s"] == 3 for e in got)
+    rows = [_text.lit(',\n{"v":'), _text.uint(many), _text.lit(',"b":'), _text.uint(few), _text.lit("}")]
+    assert len(_text.render_parts(rows, n)) > 1
+    lines = _text.render(rows, n).decode().split(",\n")[1:]
+    assert all(" " not in ln[: ln.index(",")] for ln in lines)  # "v" grouped by digit count, not padded
+    got = json.loads("[" + ",".join(lines) + "]")
+    assert sorted((e["v"], e["b"]) for e in got) == sorted(zip(many.tolist(), few.tolist()))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Perfetto
 

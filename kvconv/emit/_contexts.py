@@ -26,7 +26,7 @@ from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import FormatError, UsageError
-from kvconv.memory import release_heap
+from kvconv.memory import release_heap, stream_heap
 from kvconv.progress import Progress, ProgressOptions
 
 _EVF = layout.ENUMS["event_flags"]
@@ -50,6 +50,7 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
     warn = warn or res.warnings.append
     paths = [str(p) for p in paths]
     check_output(out, inputs=paths, directory=name == "arrow", kind=name, force=options.force)  # before any work
+    stream_heap()  # chunk temporaries stay in the heap, whole-table columns are given back (kvconv.memory)
     dumps, ctxs = open_contexts(paths, options, warn, res.timings)
     try:
         total = sum(c.n_events for c in ctxs)

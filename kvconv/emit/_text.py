@@ -28,6 +28,7 @@ class Part:
     kind: str  # "lit", "uint", "ts", "choice"
     value: object = None
     choices: list | None = None
+    pad: bool = False  # uint: right-aligned in the width of the largest, leading spaces (JSON whitespace)
 
 
 def lit(s: str | bytes) -> Part:
@@ -136,16 +137,22 @@ def _digits_pieces(v: np.ndarray, D: int, at: int, out: list) -> None:
         out.append((at + end - take, w, take))
 
 
-def _number(v: np.ndarray, D: int, at: int, out: list, n: int) -> bytes:
+def _lut_max(n: int) -> int:
+    """The widest value range of ``n`` rows rendered once per value and gathered."""
+    return min(n // 4, 1 << 16)
+
+
+def _number(v: np.ndarray, D: int, at: int, out: list, n: int, pad: bool = False) -> bytes:
     """The bytes of a ``D``-digit number column at byte ``at`` for the row template (digits where they are the same
     in every row, zeros elsewhere), adding the pieces of the others to ``out``. Columns of few distinct values are
-    rendered once per value and gathered; 8-digit blocks equal in every row go into the template."""
+    rendered once per value and gathered; 8-digit blocks equal in every row go into the template. ``pad``: values
+    of fewer digits get leading spaces (always a range of few values: :func:`render_parts`)."""
     lo, hi = int(v.min()), int(v.max())
     if lo == hi:
-        return str(lo).encode()
-    if hi - lo <= min(n // 4, 1 << 16):
+        return str(lo).rjust(D if pad else 0).encode()
+    if pad or hi - lo <= _lut_max(n):
         lut: list = []
-        _digits_pieces(np.arange(lo, hi + 1, dtype=_U64), D, at, lut)
+        _lut_pieces(np.arange(lo, hi + 1, dtype=_U64), D, at, lut, pad)
         ix = (v - _U64(lo)).astype(np.intp)
         out.extend((p, w[ix], L) for p, w, L in lut)
         return bytes(D)
@@ -157,6 +164,25 @@ def _number(v: np.ndarray, D: int, at: int, out: list, n: int) -> bytes:
         else:
             _digits_pieces(chunk, take, at + end - take, out)
     return bytes(field)
+
+
+def _lut_pieces(vals: np.ndarray, D: int, at: int, out: list, pad: bool) -> None:
+    """The pieces of :func:`_digits_pieces` for the few values ``vals``; ``pad``: leading spaces instead of zeros
+    (``D`` is the width of the largest)."""
+    if not pad:
+        _digits_pieces(vals, D, at, out)
+        return
+    m = len(vals)
+    digits = np.zeros((m, -(-D // 8) * 8), np.uint8)
+    x = vals
+    for k in range(D - 1, -1, -1):
+        q = x // _U64(10)
+        digits[:, k] = (x - q * _U64(10)).astype(np.uint8) + np.uint8(48)
+        x = q
+    digits[:, :D][np.arange(D)[None, :] < (D - _ndigits(vals))[:, None]] = 32
+    words = digits.view("<u8")
+    for k in range(words.shape[1]):
+        out.append((at + 8 * k, np.ascontiguousarray(words[:, k]), min(8, D - 8 * k)))
 
 
 def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
@@ -185,7 +211,8 @@ def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
         else:
             v = p.value if idx is None else p.value[idx]
             if p.kind == "uint":
-                tmpl += _number(v, len(str(int(v[0]))), len(tmpl), pieces, n)
+                D = len(str(int(v.max()))) if p.pad else len(str(int(v[0])))
+                tmpl += _number(v, D, len(tmpl), pieces, n, p.pad)
             else:
                 q = v // _U64(1000)
                 tmpl += _number(q, len(str(int(q[0]))), len(tmpl), pieces, n)
@@ -216,11 +243,20 @@ def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
         order = [nw - 1] + [j for j in order if j != nw - 1]
         if 0 not in cols:
             order.append(0)
-    mat[:] = row
-    for j in order:
-        dst = np.ndarray((n,), dtype=_U64, buffer=buf, offset=8 * j, strides=(W,))
-        dst[...] = cols[j] if j in cols else words[j]
+    # the word columns are stored a block of rows at a time, the block in cache: a column at a time over the whole
+    # matrix (a cache line per row per column) read each line back from memory once per column
+    step = max(1, _STORE_BLOCK // W)
+    srcs = [(np.ndarray((n,), dtype=_U64, buffer=buf, offset=8 * j, strides=(W,)), cols[j] if j in cols else words[j])
+            for j in order]
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        mat[a:b] = row
+        for dst, src in srcs:
+            dst[a:b] = src[a:b] if src.ndim else src
     return mat
+
+
+_STORE_BLOCK = 256 << 10  # bytes of rows stored at a time (within a core's L2)
 
 
 def _fill_bytes(parts: list, n: int, idx, i0: int) -> np.ndarray:
@@ -260,14 +296,19 @@ def _fill_bytes(parts: list, n: int, idx, i0: int) -> np.ndarray:
 SLICE = 1 << 16  # rows rendered at a time (the values and the rows being built stay in cache)
 
 
-def _digit_key(p: Part):
-    """(radix, per-row digit count) of a number part whose rows differ in digit count, else None."""
+def _digit_key(p: Part, n: int):
+    """(radix, per-row digit count) of a number part whose rows differ in digit count, else None; "pad": the rows
+    of a uint part of few values that differ in digit count are not grouped but padded with leading spaces (JSON
+    whitespace: grouping them gathered every other part's values, the most of a block event line's time)."""
     v = p.value if p.kind == "uint" else p.value // np.uint64(1000)
     if not v.size:
         return None
-    lo, hi = len(str(int(v.min()))), len(str(int(v.max())))
+    vlo, vhi = int(v.min()), int(v.max())
+    lo, hi = len(str(vlo)), len(str(vhi))
     if lo == hi:
         return None
+    if p.kind == "uint" and vhi - vlo <= _lut_max(n):
+        return "pad"
     return hi + 1, _ndigits(v)
 
 
@@ -286,15 +327,18 @@ def render_parts(parts: list, n: int) -> list:
                                 e - s)
         return out
     comps = []
-    for p in parts:
+    parts = list(parts)
+    for i, p in enumerate(parts):
         if p.kind == "choice":
             if len(p.choices) > 1 and int(p.value.min()) != int(p.value.max()):
                 lens = np.array([len(c) for c in p.choices], np.int64)
                 if lens.min() != lens.max():
                     comps.append((int(lens.max()) + 1, lens[p.value]))  # rows group by string length
         elif p.kind in ("uint", "ts"):
-            k = _digit_key(p)
-            if k is not None:
+            k = _digit_key(p, n)
+            if k == "pad":
+                parts[i] = Part(p.kind, p.value, p.choices, pad=True)
+            elif k is not None:
                 comps.append(k)
     if not comps:
         return [_fill(parts, n, None, 0)]

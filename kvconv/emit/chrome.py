@@ -10,6 +10,10 @@ Device blocks are zero-length events (``"dur":0``) on their SM's track, named af
 entry and, when the dump holds block exits (``kvconv record --events enter,exit``), one per exit named
 ``<kernel> (block exit)``. Entries and exits are not paired into block durations; node and replay slices run from
 their first to their last block entry.
+
+Lines are rendered many at a time as fixed-width byte matrices (:mod:`kvconv.emit._text`): a number of few values
+whose digit count differs from line to line (block indices, 0 to 131) is right-aligned with leading spaces
+(``"block":[  7,0,0]``, JSON whitespace); other fields are written without any.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import Plan
 from kvconv.format import layout
-from kvconv.memory import map_large_arrays, release_heap
+from kvconv.memory import release_heap
 from kvconv.progress import human_size
 
 # JSON bytes per device event, measured: 194 (qwen3-14b), 255 (generated), 263 (10 GiB), 329 (h200-single)
@@ -341,8 +345,6 @@ def write_chrome(paths, out, *, options: EmitOptions = EmitOptions(), warn=None)
     from kvconv.emit._verdict import warn_empty, warn_reconcile
 
     with emit_run(paths, out, options, warn, "chrome", passes=2) as (res, warn, paths, ctxs, bar):
-        if any(c.lazy for c in ctxs):  # one context's whole-table columns after another, none in the last's holes
-            map_large_arrays()  # (-15 MiB on a 10 GiB trace; Perfetto's chunk buffers would pay page faults for it)
         aggs = first_passes(ctxs, options, bar)
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)
