@@ -157,8 +157,8 @@ class _Chrome:
             skip = a - (int(cum[i0 - 1]) if i0 else 0)  # flows of the first record written by the slice before
             ri, ki = ri[skip : skip + b - a], ki[skip : skip + b - a]
             yield from t.render_parts([
-                t.lit(b',\n{"ph":"s","pid":%d,"tid":' % self.pid), t.uint(self.tid(pl.host_tracks(r[ri]))),
-                t.lit(',"ts":'), t.ts_us(h.host_ns[r[ri]]), t.lit(',"id":'), t.uint(flow_id(c, fd[ri, ki])),
+                t.lit(b',\n{"ph":"s","pid":%d,"tid":' % self.pid), t.uint(self.tid(pl.host_tracks(r))[ri]),
+                t.lit(',"ts":'), t.ts_us(h.host_ns[r][ri]), t.lit(',"id":'), t.uint(flow_id(c, fd[ri, ki])),
                 t.lit(',"name":"launch","cat":"flow"}')], b - a)
 
     def slices(self):
