@@ -221,6 +221,9 @@ class LaunchDurations:
             return _empty_pairs()
         kind = recs["kind"] if kind is None else kind
         ex = np.flatnonzero(kind == BLOCK_EXIT)
+        if not len(ex) and not self.enters and self.pairer.pending is None:  # no exit yet: entries held back
+            self.pairer.hold_back(base, recs, int(np.count_nonzero(kind == BLOCK_ENTER)))
+            return _empty_pairs()
         if self.enters:
             en = np.flatnonzero(kind == BLOCK_ENTER)
             r = self._rows(recs["gridid"][en], recs["tag"][en], recs["flags"][en])
