@@ -6,7 +6,8 @@
 Every ``write_*(dumps, out, options=EmitOptions())`` streams the dumps in bounded chunks, writes ``out`` atomically
 (never over an input), gives identical bytes for identical input, and returns an :class:`EmitResult` with counts,
 the join used per context and each context's clock alignment error bound. pyarrow and perfetto's protos are
-imported only by the emitter that needs them.
+imported only by the emitter that needs them. Each sets glibc's heap for streaming, for the rest of the process
+(:func:`kvconv.memory.stream_heap`: chunk temporaries kept in the heap, large arrays mapped apart).
 """
 
 from __future__ import annotations
