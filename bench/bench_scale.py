@@ -40,6 +40,7 @@ COMMANDS = {
     "validate": lambda d, o: ["validate", d],
     "validate-structure": lambda d, o: ["validate", d, "--no-reconcile"],
     "reconcile": lambda d, o: ["reconcile", d],
+    "reconcile-ordered": lambda d, o: ["reconcile", d, "--join", "ordered"],  # the chunked window join (no %gridid)
     "canary": lambda d, o: ["canary", d],
     "perfetto": lambda d, o: ["perfetto", d, "-o", f"{o}.pftrace"],
     "chrome": lambda d, o: ["chrome", d, "-o", f"{o}.json"],

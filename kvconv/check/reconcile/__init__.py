@@ -395,7 +395,8 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
     if s is not None and not s.usable(_mode(options.join, s.any_gid)):
         if _mode(options.join, s.any_gid) == "ordered" and s.in_order and not tables:
             s.b = None  # the first pass's tally (none, or the exact join's unmatched): the window pass keeps its own
-            w = join_window(s.t, s, load_drops(d, ctx, Notes(d, ctx, options)), event_chunks(d, ctx))
+            w = join_window(s, load_drops(d, ctx, Notes(d, ctx, options)), event_chunks(d, ctx))
+            s.t = s.t.complete(d, ctx)  # the host times and streams the window let go
         if w is None:
             s = None
     if s is not None:
@@ -410,10 +411,11 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
                   "ignored", listed=False)
     names = d.kernel_names(context_id=ctx)
     graphs = host_graphs(t, names, notes)
-    if s is not None and w is None and not (tables or launches):
-        # the streamed report reads host times and streams in the graphs' host side only: their 16 bytes a row go
-        # before the device side's stage, the peak of a large dump's report (issue 13)
-        t = s.t = replace(t, host_ns=None, stream=None)
+    if s is not None and not (tables or launches):
+        # the streamed report reads host times and streams in the graphs' host side only (and the ordered join's
+        # notes the streams): their 16 bytes a row go before the device side's stage, the peak of a large dump's
+        # report (issue 13)
+        t = s.t = replace(t, host_ns=None, stream=None if w is None else t.stream)
     _duplicate_findings(t, names, notes)
     j = _join(ev, t, drops, names, notes, options.join, s, w)
     tally = w.tally if w is not None else s.b.finish(s.n) if s is not None else tally_match(t, ev, j.match)
@@ -450,14 +452,12 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
 
 def _duplicate_findings(t: LaunchTable, names: dict, notes: Notes) -> None:
     from kvconv.check.reconcile._notes import hexs  # noqa: F401 - names below
-    from kvconv.check.reconcile.launches import kind_name, launch_name
+    from kvconv.check.reconcile.launches import first_records, kind_name, launch_name
 
-    for h in t.in_order(t.dup):
-        if t.kind[h] == GRAPH_NODE:
-            first = np.flatnonzero((t.kind == GRAPH_NODE) & ~t.upload & (t.graph_exec == t.graph_exec[h])
-                                   & (t.launch_id == t.launch_id[h]) & (t.node == t.node[h]))[0]
-        else:
-            first = np.flatnonzero((t.kind == EAGER) & (t.grid_id == t.grid_id[h]))[0]
+    rows = t.in_order(t.dup)
+    if not len(rows):
+        return
+    for h, first in zip(rows.tolist(), first_records(t, rows).tolist()):  # (one sort, not a scan per duplicate)
         notes.add("error", "duplicate-host-record", f"{launch_name(t, names, h)} recorded again: {kind_name(t, h)} "
                   f"record {int(t.index[h])} repeats record {int(t.index[first])}; counted once",
                   kind=kind_name(t, h), index=int(t.index[h]))

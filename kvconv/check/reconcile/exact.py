@@ -48,7 +48,7 @@ class Match:
         sel = slice(None) if bool(m.all()) else np.flatnonzero(m)  # every event matched: whole columns, no mask
         h = self.host[sel]
         self.kind[sel] = t.kind[h]
-        self.replay[sel] = t.replay[h]
+        self.replay[sel] = t.replay_at(h)
         self.exec[sel] = t.graph_exec[h]
         self.ordinal[sel] = t.node_ordinal[h]
 

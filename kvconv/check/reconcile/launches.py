@@ -68,6 +68,15 @@ class LaunchTable:
         """Place of each row in report order (eager launches, then graph nodes)."""
         return np.where(self.kind == EAGER, self.index, (self.n - self.n_gn) + self.index)
 
+    def replay_at(self, rows) -> np.ndarray:
+        """:attr:`replay` of ``rows`` only (a chunk's or a report's rows: not a column of the whole table each time)."""
+        return np.where(self.kind[rows] == GRAPH_NODE, self.launch_id[rows], np.uint64(0))
+
+    def rank_at(self, rows) -> np.ndarray:
+        """:attr:`rank` of ``rows`` only."""
+        i = self.index[rows].astype(np.int64)
+        return np.where(self.kind[rows] == EAGER, i, (self.n - self.n_gn) + i)
+
     def in_order(self, mask: np.ndarray) -> np.ndarray:
         """Rows where ``mask`` holds, in report order."""
         # eager rows, then graph-node rows, each in row order: no permutation of all rows is built
@@ -101,10 +110,9 @@ class LaunchTable:
                    node_ordinal=ordn, **c)
 
     def complete(self, d, ctx: int) -> LaunchTable:
-        """The table with every column (a table loaded ``lean`` reads the others now)."""
-        if self.host_ns is not None:
-            return self
-        return replace(self, **_columns(d, ctx, LATE)[0])
+        """The table with every ``LATE`` column (a table loaded ``lean``, or let go of some, reads them now)."""
+        missing = tuple(f for f in LATE if getattr(self, f) is None)
+        return replace(self, **_columns(d, ctx, missing)[0]) if missing else self
 
 
 _FIELDS = ("host_ns", "graph_exec", "launch_id", "node", "grid_id", "stream", "kernel_slot", "flags", "tag",
@@ -153,18 +161,40 @@ def _duplicates(kind, index, upload, recs, ordn) -> np.ndarray:
     (gridids are unique per eager launch); the first record in record order is the one counted. ``ordn``: the node
     ordinals (a node's own within its graph exec)."""
     dup = np.zeros(len(kind), bool)
+    for o, first in _repeat_groups(kind, index, upload, recs, ordn):
+        dup[o] = o != first
+    return dup
+
+
+def first_records(t: LaunchTable, rows: np.ndarray) -> np.ndarray:
+    """For duplicated ``rows`` (``t.dup``), the row of the record each repeats (the one counted)."""
+    first = np.full(t.n, -1, np.int64)
+    cols = {f: getattr(t, f) for f in ("graph_exec", "launch_id", "node", "grid_id")}
+    for o, f in _repeat_groups(t.kind, t.index, t.upload, cols, t.node_ordinal):
+        first[o] = f
+    return first[rows]
+
+
+def _repeat_groups(kind, index, upload, recs, ordn):
+    """Rows that may repeat one another, sorted by key then record order (``o``), each with the first row of its key:
+    graph nodes by (graph exec, replay, node), eager launches by gridid. One sort each, only where a repeat is
+    possible (:func:`_may_repeat`; increasing gridids)."""
     g = np.flatnonzero((kind == GRAPH_NODE) & ~upload)
     if len(g) and _may_repeat(recs["graph_exec"][g], recs["launch_id"][g], ordn[g]):
         ex, rp, nd = recs["graph_exec"], recs["launch_id"], recs["node"]
         o = g[np.lexsort((index[g], nd[g], rp[g], ex[g]))]
-        same = (ex[o][1:] == ex[o][:-1]) & (rp[o][1:] == rp[o][:-1]) & (nd[o][1:] == nd[o][:-1])
-        dup[o[1:][same]] = True
+        new = np.r_[True, (ex[o][1:] != ex[o][:-1]) | (rp[o][1:] != rp[o][:-1]) | (nd[o][1:] != nd[o][:-1])]
+        yield o, _group_first(o, new)
     gid = recs["grid_id"]
     e = np.flatnonzero((kind == EAGER) & (gid != 0))
     if len(e) > 1 and not bool(np.all(gid[e][1:] > gid[e][:-1])):  # increasing gridids repeat none
         o = e[np.lexsort((index[e], gid[e]))]
-        dup[o[1:][gid[o][1:] == gid[o][:-1]]] = True
-    return dup
+        yield o, _group_first(o, np.r_[True, gid[o][1:] != gid[o][:-1]])
+
+
+def _group_first(o: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Per element of ``o``, the first element of its group (groups start where ``new``)."""
+    return o[np.flatnonzero(new)[np.cumsum(new) - 1]]
 
 
 def _may_repeat(ex: np.ndarray, rp: np.ndarray, ordn: np.ndarray) -> bool:

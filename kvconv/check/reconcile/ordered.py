@@ -56,14 +56,26 @@ def _windows(t: LaunchTable, order: np.ndarray) -> np.ndarray:
     nL = len(order)
     if not nL:
         return np.zeros(0, np.int64)
+    # one host-order column at a time (each is 8 bytes a launch: 2.6 M launches a context at 10 GiB, issue 13)
     st = t.stream[order]
     link = st[1:] != st[:-1]
-    kd = t.kind[order]
-    both_g = (kd[1:] == GRAPH_NODE) & (kd[:-1] == GRAPH_NODE)
-    ex, rp = t.graph_exec[order], t.launch_id[order]
-    other_replay = both_g & ((ex[1:] != ex[:-1]) | (rp[1:] != rp[:-1]))
+    del st
+    kd = t.kind[order] == GRAPH_NODE
+    both_g = kd[1:] & kd[:-1]
+    del kd
+    other_replay = _differs(t.graph_exec, order)
+    other_replay |= _differs(t.launch_id, order)
+    other_replay &= both_g
     link = (link & ~other_replay) | (both_g & ~other_replay & _replay_multistream(t, order))
-    return np.r_[0, np.cumsum(~link)]
+    win = np.zeros(nL, _row_type(nL))
+    np.cumsum(~link, out=win[1:])
+    return win
+
+
+def _differs(col: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Whether ``col`` differs between neighbours in ``order``."""
+    c = col[order]
+    return c[1:] != c[:-1]
 
 
 class Layout:
@@ -71,15 +83,30 @@ class Layout:
     uploads left out), their block counts and cumulative counts, and the multi-stream windows."""
 
     def __init__(self, t: LaunchTable) -> None:
-        live = np.flatnonzero(~t.dup & ~t.upload)
         self.t = t
-        self.order = live[np.lexsort((t.rank[live], t.host_ns[live]))]  # host order; report order within equal host_ns
-        self.exp = t.grid[self.order]
-        self.C = np.cumsum(self.exp)
+        # host order; report order within equal host_ns. Row numbers and window ids as i4 below 2^31 rows: the
+        # layout is held through the chunked join beside the table (issue 13: 2.6 M launches a context at 10 GiB)
+        rows = _row_type(t.n)
+        live = t.in_order(~t.dup & ~t.upload)  # in report order: a stable sort by host time keeps it within ties
+        self.order = live[np.argsort(t.host_ns[live], kind="stable")].astype(rows)
+        del live
+        self.C = np.cumsum(t.grid[self.order])  # blocks up to each launch's end (host order)
         self.E = int(self.C[-1]) if len(self.order) else 0
-        self.win = _windows(t, self.order)
-        self.wstart_of = np.searchsorted(self.win, self.win, side="left")
-        self.wend_of = np.searchsorted(self.win, self.win, side="right") - 1
+        win = _windows(t, self.order)
+        st = t.stream[self.order]
+        self.n_streams = 1 if len(st) and bool(np.all(st == st[0])) else len(np.unique(st))  # (the join's note: the
+        del st  # chunked pass lets t.stream go)
+        self.win = win
+        self.wstart_of = np.searchsorted(win, win, side="left").astype(rows)
+        self.wend_of = (np.searchsorted(win, win, side="right") - 1).astype(rows)
+
+    def blocks(self, lo: int, hi: int) -> tuple:
+        """Host blocks of launches ``lo .. hi`` (host order): first block, one past the last."""
+        return (int(self.C[lo - 1]) if lo > 0 else 0), int(self.C[hi])
+
+
+def _row_type(n: int) -> type:
+    return np.int32 if n < (1 << 31) else np.int64
 
 
 class Placer:
@@ -146,13 +173,11 @@ class Placer:
         """Ambiguous runs and multi-stream windows: [first launch, last launch] in host order, with their events;
         ``count(blo, bhi)``: the events whose block falls in ``blo .. bhi - 1`` under either offset."""
         L = self.L
-        start = L.C - L.exp
         out = []
         found = sorted(f for r in self.runs.values() for f in r.done())
         for r_lo, r_hi, reason, nev, first_ev in found:
-            blo, bhi = int(start[r_lo]), int(L.C[r_hi])
-            out.append({"first_launch": r_lo, "last_launch": r_hi, "reason": reason,
-                        "expected_blocks": int(L.exp[r_lo : r_hi + 1].sum()),
+            blo, bhi = L.blocks(r_lo, r_hi)
+            out.append({"first_launch": r_lo, "last_launch": r_hi, "reason": reason, "expected_blocks": bhi - blo,
                         "device_events": int(count(blo, bhi)), "unattributed_events": nev,
                         "hosts": L.order[r_lo : r_hi + 1], "first_event": first_ev})
         return out
@@ -160,7 +185,7 @@ class Placer:
 
 def misfit_notes(t: LaunchTable, misfit: dict, names: dict, notes: Notes) -> None:
     """The misfits of :class:`Placer` (row -> [events, first device index, its kernel slot]), in report order."""
-    for h in sorted(misfit, key=lambda h: (int(t.rank[h]), h)):
+    for h in sorted(misfit, key=lambda h: (int(t.rank_at(h)), h)):
         c, dev, slot = misfit[h]
         notes.add("error", "ordered-misfit", f"ordered join: {c:,} device events laid on "
                   f"{launch_name(t, names, h)} carry {kernel_short(names, slot)}, not the launch's kernel; "
@@ -222,10 +247,10 @@ def finish(L: Layout, P: Placer, count, match, delta: int, info: dict, alt: dict
         in_region[r["hosts"]] = True
     late = P.s_lo if (delta > 0 and drops.device == 0) else 0
     info["late_start_blocks"] = late
-    order_pos = np.full(t.n, -1, np.int64)
+    order_pos = np.full(t.n, -1, _row_type(t.n))
     order_pos[order] = np.arange(len(order))
     return Ordered(match=match, order=order, order_pos=order_pos, regions=regions, in_region=in_region, info=info,
-                   coverage_late=late, surplus_alt=alt, note=_note(t, order, late, drops, delta))
+                   coverage_late=late, surplus_alt=alt, note=_note(L.n_streams, late, drops, delta))
 
 
 def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: Notes) -> Ordered:
@@ -248,8 +273,13 @@ def _launch_at(C: np.ndarray, block: np.ndarray, E: int) -> np.ndarray:
     v = np.clip(block, 0, max(E - 1, 0))
     if len(v) > 1 and not bool(np.all(v[1:] >= v[:-1])):
         return np.minimum(np.searchsorted(C, v, side="right"), nL - 1)
-    first = np.searchsorted(v, C, side="left")  # events before each launch's end
-    la = np.repeat(np.arange(nL + 1, dtype=np.int64), np.diff(first, prepend=0, append=len(v)))
+    if not len(v):
+        return np.zeros(0, np.int64)
+    # only the launches the chunk's blocks span (i0 .. i1): a chunk's work, not the context's launches every chunk
+    # (that made the chunked join quadratic: 10 GiB, 2.6 M launches a context)
+    i0, i1 = (int(i) for i in np.searchsorted(C, v[[0, -1]], side="right"))
+    first = np.searchsorted(v, C[i0:i1], side="left")  # events before each launch's end
+    la = np.repeat(np.arange(i0, i1 + 1, dtype=np.int64), np.diff(first, prepend=0, append=len(v)))
     return np.minimum(la, nL - 1, out=la)
 
 
@@ -258,19 +288,18 @@ def _attribute_windows(t, m: Match, order, win, la, wa, wb, win_only) -> None:
     if not win_only.any():
         return
     h0, h1 = order[wa[win_only]], order[wb[win_only]]
-    same = ((t.kind[h0] == t.kind[h1]) & (t.replay[h0] == t.replay[h1]) & (t.graph_exec[h0] == t.graph_exec[h1]))
+    same = ((t.kind[h0] == t.kind[h1]) & (t.replay_at(h0) == t.replay_at(h1)) & (t.graph_exec[h0] == t.graph_exec[h1]))
     sel = np.flatnonzero(win_only)
     m.kind[sel[same]] = t.kind[h0[same]]
-    m.replay[sel[same]] = t.replay[h0[same]]
+    m.replay[sel[same]] = t.replay_at(h0[same])
     m.exec[sel[same]] = t.graph_exec[h0[same]]
     m.window[sel] = win[la[win_only]]
 
 
-def _note(t, order, late: int, drops: Drops, delta: int) -> str:
+def _note(n_streams: int, late: int, drops: Drops, delta: int) -> str:
     note = "ordered: device events in sequence order laid over host launches in host order; assumes a single stream"
-    streams = np.unique(t.stream[order])
-    if len(streams) > 1:
-        note += (f" (host records name {len(streams)} streams: launches on different streams next to each other "
+    if n_streams > 1:
+        note += (f" (host records name {n_streams} streams: launches on different streams next to each other "
                  "are attributed to their window, not to one launch)")
     if late:
         note += (f"; {late:,} blocks missing with 0 device drops are attributed to the earliest launches (coverage "

@@ -161,7 +161,7 @@ def problem_launches(t: LaunchTable, counts, names: dict, limit: int = 1000) -> 
     extra = counts.tally.outside + counts.tally.dupblk
     return [_launch_ref(t, names, hh, expected_blocks=int(t.grid[hh]), recorded_blocks=int(counts.tally.recorded[hh]),
                         distinct_blocks=int(counts.tally.distinct[hh]), missing_blocks=int(counts.missing[hh]),
-                        extra_blocks=int(extra[hh]), duplicate_record=bool(t.dup[hh]), replay=int(t.replay[hh]),
+                        extra_blocks=int(extra[hh]), duplicate_record=bool(t.dup[hh]), replay=int(t.replay_at(hh)),
                         node_ordinal=int(t.node_ordinal[hh]))
             for hh in t.in_order((counts.missing > 0) | (extra > 0) | t.dup)[:limit]]
 

@@ -3,7 +3,8 @@
 row (the tallies, the misfits per launch, the ambiguous runs) plus the list of sequence gaps, whatever the number of
 events; the report and the JSON are those of the in-memory join (:func:`kvconv.check.reconcile.ordered.join_ordered`).
 
-    >>> w = join_window(table, stream, drops, event_chunks(d, ctx))     # doctest: +SKIP
+    >>> w = join_window(stream, drops, event_chunks(d, ctx))     # doctest: +SKIP
+    >>> stream.t = stream.t.complete(d, ctx)                   # host times and streams: let go during the pass
     >>> w.ordered.regions, w.tally.matched, w.after          # None: fell back to the in-memory join
 
 The in-memory join is kept for what this pass cannot place in order: events whose sequences (of every kind) do not
@@ -13,7 +14,7 @@ the events: a damaged dump's rare shape).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,17 +37,19 @@ class Windowed:
     contradicted: tuple  # (events, first device index) the %gridid cross-check withdrew
 
 
-def join_window(t, s, drops: Drops, chunks) -> Windowed | None:
+def join_window(s, drops: Drops, chunks) -> Windowed | None:
     """``s``: the context's finished streaming pass (events in sequence order, counted); ``chunks``: ``(first
     index, records)`` over its device events again. None: the pass cannot place them (see the module), nothing
-    reported."""
+    reported. The table's host times and streams are read by the layout only and let go (``s.t`` without them: 16
+    bytes a row, issue 13); the caller reads them again (:meth:`LaunchTable.complete`)."""
+    L = Layout(s.t)
+    s.t = L.t = t = replace(s.t, host_ns=None, stream=None)
     n = s.n
     ranks = s.last_seq >= SEQ_LIMIT  # positions are ranks (load_events' rule)
     if ranks:
         T = n
     else:  # every event before the last entry has a smaller sequence: the others among them are not slots
         T = s.last_seq - (s.last_idx - (n - 1)) + 1
-    L = Layout(t)
     delta, s_lo, s_hi, info = offsets_of(L.E, T, n, drops.device)
     if delta < 0 and drops.device == 0 and len(L.order):
         return None  # surplus: the in-memory join locates it
