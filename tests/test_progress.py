@@ -47,6 +47,19 @@ def test_emitters_print_progress_lines_off_a_terminal(cli, dump_path, tmp_path, 
         assert (tmp_path / f"a{ext}").read_bytes() == (tmp_path / f"c{ext}").read_bytes()
 
 
+def test_info_prints_progress_lines_off_a_terminal(cli, tmp_path):
+    """info sums every payload's checksum (6 s for 10 GiB): bytes summed, on stderr only."""
+    p = tmp_path / "i.kvdump"
+    gen.write(p, gen.GenOptions(size_bytes=64 << 20, seed=4))
+    shown, quiet = cli("info", p, env={"KVCONV_PROGRESS_INTERVAL": "0.001"}), cli("info", p, "-q", env=FAST)
+    assert shown.returncode == quiet.returncode == 0, shown.stderr
+    lines = _progress_lines(shown.stderr)
+    assert lines and all(m.group(1) == "info" and m.group(2) == p.name for m in lines), shown.stderr
+    pct = [int(m.group(3)) for m in lines]
+    assert pct == sorted(pct) and pct[-1] <= 100
+    assert not _progress_lines(quiet.stderr) and shown.stdout == quiet.stdout
+
+
 def test_default_interval_prints_nothing_for_a_short_run(cli, dump_path, tmp_path):
     r = cli("perfetto", dump_path, "-o", tmp_path / "d.pftrace")
     assert r.returncode == 0 and not _progress_lines(r.stderr)

@@ -69,16 +69,18 @@ def _info_text(path: str, info: dict) -> str:
     return "\n".join(lines)
 
 
-def _info_one(path: Path, opts) -> Outcome:
+def _info_one(path: Path, opts, popts) -> Outcome:
     import warnings
 
     from kvconv.format import dump as dumpmod
     from kvconv.format.info import describe
+    from kvconv.progress import Progress
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
-        with dumpmod.open(path, options=opts) as d:
-            info = describe(d)
+        with dumpmod.open(path, options=opts) as d, Progress(f"info {path.name}", total=d.size, size_bytes=d.size,
+                                                             options=popts) as bar:
+            info = describe(d, progress=bar.update)
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
     return Outcome(str(path), code, info, text=_info_text(str(path), info))
 
@@ -113,6 +115,8 @@ def info(
     dumps: list[Path] = DUMPS,
     as_json: bool = JSON,
     salvage: bool = SALVAGE,
+    progress: bool | None = PROGRESS,
+    quiet: bool = QUIET,
 ) -> None:
     """Show a dump's record groups, counts, capacities, drops, clock domains and run metadata, and verify its
     payload checksums. Exit 0 readable and intact, 1 a checksum does not match, 2 unreadable.
@@ -120,9 +124,11 @@ def info(
     Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
     """
     from kvconv.format import dump as dumpmod  # numpy: imported by the commands that read, not by --help
+    from kvconv.progress import ProgressOptions
 
     opts = dumpmod.ReadOptions(salvage=salvage, verify_checksums=False)  # verified in describe, reported
-    outcomes = each(dumps, lambda p: _info_one(p, opts))
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
+    outcomes = each(dumps, lambda p: _info_one(p, opts, popts))
     for o in outcomes:  # one blank line between dumps
         o.text = o.text and o.text + ("\n" if o is not outcomes[-1] else "")
     finish("info", outcomes, as_json=as_json)
