@@ -171,3 +171,15 @@ def test_ordered_join_peak_rss_well_below_the_dump(tmp_path):
     assert rc == 0
     # the in-memory join held every event (about 2x the dump); the window holds per-launch state and a few chunks
     assert rss < size * 0.45, f"peak RSS {rss / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB dump"
+
+
+def test_misfits_listed_in_report_order_not_host_order(tmp_path):
+    """Misfits are found in host order (the order events are placed) and listed in report order (record order)."""
+    h = launches([4, 4, 4])
+    h["host_ns"] = h["host_ns"][::-1].copy()  # recorded last-launched first: host order is record 2, 1, 0
+    ev = blocks_of(h[::-1].copy())
+    ev["kernel_slot"][[1, 5, 9]] = 5  # one block of each launch carries another kernel
+    got = windowed_equals_in_memory(write(tmp_path / "d.kvdump", h, ev, cuts=(6,)))
+    mis = [f for f in got["findings"] if f["code"] == "ordered-misfit"]
+    assert [f["record"] for f in mis] == [9, 5, 1]  # records 0, 1, 2: their blocks came last, middle, first
+    assert all(f["count"] == 1 for f in mis)

@@ -451,7 +451,6 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
 
 
 def _duplicate_findings(t: LaunchTable, names: dict, notes: Notes) -> None:
-    from kvconv.check.reconcile._notes import hexs  # noqa: F401 - names below
     from kvconv.check.reconcile.launches import first_records, kind_name, launch_name
 
     rows = t.in_order(t.dup)

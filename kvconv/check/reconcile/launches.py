@@ -63,17 +63,12 @@ class LaunchTable:
         """Graph launch id (the replay) of graph-node rows, 0 for eager launches."""
         return np.where(self.kind == GRAPH_NODE, self.launch_id, np.uint64(0))
 
-    @property
-    def rank(self) -> np.ndarray:
-        """Place of each row in report order (eager launches, then graph nodes)."""
-        return np.where(self.kind == EAGER, self.index, (self.n - self.n_gn) + self.index)
-
     def replay_at(self, rows) -> np.ndarray:
         """:attr:`replay` of ``rows`` only (a chunk's or a report's rows: not a column of the whole table each time)."""
         return np.where(self.kind[rows] == GRAPH_NODE, self.launch_id[rows], np.uint64(0))
 
     def rank_at(self, rows) -> np.ndarray:
-        """:attr:`rank` of ``rows`` only."""
+        """Place of ``rows`` in report order (eager launches, then graph nodes)."""
         i = self.index[rows].astype(np.int64)
         return np.where(self.kind[rows] == EAGER, i, (self.n - self.n_gn) + i)
 

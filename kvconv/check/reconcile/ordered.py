@@ -50,15 +50,16 @@ def _offsets(ev: Events, t, order, C, E: int, drops: int, m: Match) -> tuple:
     return p, surplus, alt, delta, s_lo, s_hi, info
 
 
-def _windows(t: LaunchTable, order: np.ndarray) -> np.ndarray:
+def _windows(t: LaunchTable, order: np.ndarray) -> tuple[np.ndarray, int]:
     """Window id per launch in host order: neighbouring launches on different streams (not across replays of one
     graph exec), and every node of a graph replay spanning several streams."""
     nL = len(order)
     if not nL:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), 0
     # one host-order column at a time (each is 8 bytes a launch: 2.6 M launches a context at 10 GiB, issue 13)
     st = t.stream[order]
     link = st[1:] != st[:-1]
+    n_streams = len(np.unique(st)) if link.any() else 1  # (the join's note: the chunked pass lets t.stream go)
     del st
     kd = t.kind[order] == GRAPH_NODE
     both_g = kd[1:] & kd[:-1]
@@ -66,10 +67,13 @@ def _windows(t: LaunchTable, order: np.ndarray) -> np.ndarray:
     other_replay = _differs(t.graph_exec, order)
     other_replay |= _differs(t.launch_id, order)
     other_replay &= both_g
-    link = (link & ~other_replay) | (both_g & ~other_replay & _replay_multistream(t, order))
+    if n_streams > 1:  # (one stream: no replay spans several)
+        link = (link & ~other_replay) | (both_g & ~other_replay & _replay_multistream(t, order))
+    else:
+        link &= ~other_replay
     win = np.zeros(nL, _row_type(nL))
     np.cumsum(~link, out=win[1:])
-    return win
+    return win, n_streams
 
 
 def _differs(col: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -92,10 +96,7 @@ class Layout:
         del live
         self.C = np.cumsum(t.grid[self.order])  # blocks up to each launch's end (host order)
         self.E = int(self.C[-1]) if len(self.order) else 0
-        win = _windows(t, self.order)
-        st = t.stream[self.order]
-        self.n_streams = 1 if len(st) and bool(np.all(st == st[0])) else len(np.unique(st))  # (the join's note: the
-        del st  # chunked pass lets t.stream go)
+        win, self.n_streams = _windows(t, self.order)
         self.win = win
         self.wstart_of = np.searchsorted(win, win, side="left").astype(rows)
         self.wend_of = (np.searchsorted(win, win, side="right") - 1).astype(rows)
@@ -185,7 +186,8 @@ class Placer:
 
 def misfit_notes(t: LaunchTable, misfit: dict, names: dict, notes: Notes) -> None:
     """The misfits of :class:`Placer` (row -> [events, first device index, its kernel slot]), in report order."""
-    for h in sorted(misfit, key=lambda h: (int(t.rank_at(h)), h)):
+    rows = np.fromiter(misfit, np.int64, len(misfit))
+    for h in rows[np.lexsort((rows, t.rank_at(rows)))].tolist():
         c, dev, slot = misfit[h]
         notes.add("error", "ordered-misfit", f"ordered join: {c:,} device events laid on "
                   f"{launch_name(t, names, h)} carry {kernel_short(names, slot)}, not the launch's kernel; "
@@ -348,9 +350,9 @@ def _locate_surplus(ev: Events, t, order, C, surplus: int, rounds: int = 64):
 def _replay_multistream(t, order: np.ndarray) -> np.ndarray:
     """For each neighbouring pair in host order that is inside one graph replay: does that replay use >1 stream?"""
     g = t.kind[order] == GRAPH_NODE
-    st = t.stream[order]
-    if not g.any() or not len(st) or bool(np.all(st == st[0])):  # one stream: no replay spans several
+    if not g.any():
         return np.zeros(max(len(order) - 1, 0), bool)
+    st = t.stream[order]
     key = np.where(g, t.graph_exec[order] * np.uint64(0x9E3779B97F4A7C15) + t.launch_id[order], 0)
     ks, inv = np.unique(key, return_inverse=True)
     inv = inv.reshape(-1)
