@@ -72,7 +72,7 @@ class RecordOptions:
 
 @dataclass
 class RecordResult:
-    returncode: int
+    returncode: int  # the command's exit status; 128+N when signal N killed it
     dumps: list[str] = field(default_factory=list)
     reports: list = field(default_factory=list)  # kvconv.check.validate.Report per dump (when validated)
 
@@ -212,7 +212,8 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
     dumps = sorted(p for p in glob.glob(pattern)
                    if ".tmp." not in p and (p not in before or os.stat(p).st_mtime_ns != before[p])
                    and os.stat(p).st_mtime_ns >= start - 2_000_000_000)
-    res = RecordResult(returncode=rc, dumps=dumps)
+    # killed by signal N (Popen says -N): 128+N, as shells and nsys give (a raw -6 would exit 250)
+    res = RecordResult(returncode=rc if rc >= 0 else 128 - rc, dumps=dumps)
     if options.validate:
         for p in dumps:
             res.reports.append(validate_dump(p))

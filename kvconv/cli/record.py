@@ -14,7 +14,10 @@ from kvconv.cli.common import FORCE, output_option
 app = typer.Typer()
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# The command is what follows the options: everything after ``--`` (or after the first word that is not an option)
+# is passed on as it is; before it, an unknown option is a usage error ("No such option: --kernal", exit 2), not the
+# name of a command to run.
+@app.command(context_settings={"allow_extra_args": True, "allow_interspersed_args": False})
 def record(
     ctx: typer.Context,
     kernel: list[str] | None = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
@@ -25,7 +28,8 @@ def record(
                                                help="device events per context (default 1048576)"),
     host_capacity: int | None = typer.Option(None, "--host-capacity",
                                              help="host records per table (default 65536)"),
-    events: str = typer.Option("enter", "--events", help="block events: enter, exit or enter,exit"),
+    events: str | None = typer.Option(None, "--events", help="block events: enter, exit or enter,exit (default: "
+                                      "$KVCONV_EVENTS when set, else enter)"),
     clock_sync_ms: int | None = typer.Option(None, "--clock-sync-ms",
                                              help="clock-sync period in ms (default 1000; 0 = start/end)"),
     no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
@@ -37,7 +41,8 @@ def record(
 ) -> None:
     """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
-    Exit code: the command's own if it failed, else 1 if a dump is invalid or none was written, else 0.
+    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else 1 if a dump is
+    invalid or none was written, else 0.
 
     Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
     """
@@ -48,9 +53,10 @@ def record(
     cmd = list(ctx.args)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    events = record_events(events)
     opts = RecordOptions(kernels=tuple(kernel) if kernel else RecordOptions.kernels, output=output,
                          device_capacity=device_capacity, host_capacity=host_capacity,
-                         events=tuple(e for e in events.split(",") if e), clock_sync_ms=clock_sync_ms,
+                         events=tuple(e.strip() for e in events.split(",") if e.strip()), clock_sync_ms=clock_sync_ms,
                          build=not no_build, validate=not no_validate, verbose=verbose, force=force, writes=writes)
     res = run_record(cmd, options=opts)
     if not res.dumps:
@@ -68,3 +74,24 @@ def record(
         sys.stdout.write(f"{p}: {'valid' if rep.valid else 'INVALID'}\n")
         bad += not rep.valid
     raise typer.Exit(res.returncode or (1 if bad else 0))
+
+def record_events(option: str | None) -> str:
+    """The block events to record: ``--events``, else the exported ``KVCONV_EVENTS`` (docs/TRACER.md), else enter. A
+    --events that contradicts an exported KVCONV_EVENTS is refused rather than one of them silently ignored."""
+    import os
+
+    from kvconv.format.errors import UsageError
+
+    env = os.environ.get("KVCONV_EVENTS")
+    if env is None or not env.strip():
+        return option or "enter"
+    if option is None:
+        return env
+
+    def kinds(v: str) -> set[str]:
+        return {e.strip() for e in v.split(",") if e.strip()}
+
+    if kinds(option) != kinds(env):
+        raise UsageError(f"--events {option} contradicts KVCONV_EVENTS={env} in the environment", code="bad-events",
+                         hint="drop one of them: unset KVCONV_EVENTS, or leave --events out")
+    return option
