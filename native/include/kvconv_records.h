@@ -81,6 +81,7 @@ static inline uint16_t kvconv_kind_clock(uint16_t kind) {
 #define KVCONV_SLOT_WRITE_FLAGS_OUTSIDE 2
 
 #define KVCONV_SLOT_MAP_FLAGS_PAD 1
+#define KVCONV_SLOT_MAP_FLAGS_RELEASE 2
 
 /* 64-byte header in front of every record group */
 typedef struct kvconv_header_t {
@@ -302,7 +303,7 @@ KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, block_z) == 54, "kvconv_slot_
 KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, stores) == 56, "kvconv_slot_write_t.stores offset");
 KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_write_t, flags) == 60, "kvconv_slot_write_t.flags offset");
 
-/* one step of the engine (a graph replay, say): the target launches whose host record's host_ns lies in [begin_ns, end_ns] belong to it */
+/* one step of the engine (a graph replay, say): the target launches whose host record's host_ns lies in [begin_ns, end_ns] belong to it (a record whose slot_map rows all carry slot_map_flags.release is a release, not a step: begin_ns = end_ns = when it was recorded) */
 typedef struct kvconv_write_step_t {
   uint64_t step; /* step number given by the probe */
   uint64_t begin_ns; /* CLOCK_MONOTONIC ns before the step's launches */
@@ -322,7 +323,7 @@ typedef struct kvconv_slot_map_t {
   int64_t slot; /* global slot (page * page_size + offset); negative: a padding slot id (-1) */
   uint64_t request_id; /* the engine's request id (0: none) */
   uint32_t token; /* token index within the step */
-  uint32_t flags; /* pad: a padding row of the batch (its slot must not be written) */
+  uint32_t flags; /* pad: a padding row of the batch (its slot must not be written); release: not a token but a release the probe recorded (WriteProbe.release / free): a write_step whose rows all carry it is a release at its begin_ns, not a step: request_id > 0 releases every slot that request holds, slot >= 0 (request_id 0) frees that slot */
 } kvconv_slot_map_t;
 KVCONV_STATIC_ASSERT(sizeof(kvconv_slot_map_t) == 24, "kvconv_slot_map_t size");
 KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, slot) == 0, "kvconv_slot_map_t.slot offset");

@@ -7,6 +7,8 @@ slots every block of the target kernels wrote; ``kvconv canary --writes`` compar
     probe.register_cache(key_cache, page_size=16, name="L0.k")   # [num_pages, page_size, ...], contiguous
     with probe.step(step, slot_mapping, request_ids):      # per token: its slot (-1: padding) and request
         graph.replay()
+    probe.release(finished_request_ids)                     # optional: the engine gave their slots back
+    probe.free(slots)                                       # optional: these slots were given back
 
 Nothing here needs torch: tensors are read through ``data_ptr()`` / ``numel()`` / ``element_size()`` and moved to
 the host with ``.cpu()``; numpy arrays and lists work for the mappings. The probe talks to the tracer library in the
@@ -34,6 +36,7 @@ import numpy as np
 from kvconv.format import layout
 
 PAD = layout.ENUMS["slot_map_flags"]["pad"]
+RELEASE = layout.ENUMS["slot_map_flags"]["release"]
 _WRITES_OFF = -10  # kvconv_register_cache / kvconv_record_step: KVCONV_WRITES is not set in the traced process
 _WHY = {-1: "base, size, slot_bytes and page_size must be nonzero", -2: "too many caches (256 at most)",
         -3: "it overlaps a cache registered before", -4: "the tracer could not update the device's cache table"}
@@ -73,6 +76,8 @@ class WriteProbe:
         self._lib, why = _library(library)
         self.caches: dict[str, int] = {}
         self.steps = 0
+        self.releases = 0
+        self._last_step = 0
         if why:
             self._off(why)
 
@@ -120,6 +125,7 @@ class WriteProbe:
         if len(reqs) != len(slots) or len(pads) != len(slots):
             raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, {len(pads)} pad flags")
         flags = np.where(pads, PAD, 0).astype(np.uint32)
+        self._last_step = int(step)
         begin = time.monotonic_ns()
         yield
         end = time.monotonic_ns()
@@ -131,3 +137,49 @@ class WriteProbe:
             self._off("the tracer was started without write recording (kvconv record --writes / KVCONV_WRITES=1)")
             return
         self.steps += 1
+
+    def release(self, request_ids) -> None:
+        """The engine gave back every slot these requests hold (finished, aborted or preempted requests): later
+        steps may map them to other requests. Optional: without it, ``kvconv canary --writes`` assumes a request
+        holds its slots until its last step. Recorded at the host time of the call, which orders it against the
+        steps (under async scheduling a step dispatched before the call still counts as before it)."""
+        self._record_release(*release_rows(request_ids=request_ids))
+
+    def free(self, slots) -> None:
+        """The engine gave back these slots (``BlockPool.free_blocks``' blocks, as slots: page * page_size +
+        offset): later steps may map them to other requests. Optional, as :meth:`release`."""
+        self._record_release(*release_rows(slots=slots))
+
+    def _record_release(self, slots: np.ndarray, reqs: np.ndarray, flags: np.ndarray) -> None:
+        if not len(slots) or self._lib is None:
+            return
+        now = time.monotonic_ns()
+        r = self._lib.kvconv_record_step(self._last_step, now, now, len(slots), slots.ctypes.data, reqs.ctypes.data,
+                                         flags.ctypes.data)
+        if r == _WRITES_OFF:
+            self._off("the tracer was started without write recording (kvconv record --writes / KVCONV_WRITES=1)")
+            return
+        self.releases += 1
+
+
+def release_rows(*, request_ids=None, slots=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The slot_map rows (slots, request ids, flags) of one release: a write_step record whose rows all carry the
+    ``release`` flag (docs/FORMAT.md, slot_map). ``request_ids``: slot -1, the request (every slot it holds);
+    ``slots``: the slot, request 0.
+
+    >>> release_rows(request_ids=[6])
+    (array([-1]), array([6], dtype=uint64), array([2], dtype=uint32))
+    """
+    if (request_ids is None) == (slots is None):
+        raise ValueError("a release names request_ids or slots")
+    if request_ids is not None:
+        reqs = _host(request_ids, np.uint64)
+        if (reqs == 0).any():
+            raise ValueError("release: request id 0 is no request")
+        s = np.full(len(reqs), -1, np.int64)
+    else:
+        s = _host(slots, np.int64)
+        if (s < 0).any():
+            raise ValueError("free: a slot is negative")
+        reqs = np.zeros(len(s), np.uint64)
+    return s, reqs, np.full(len(s), RELEASE, np.uint32)

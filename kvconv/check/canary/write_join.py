@@ -24,6 +24,7 @@ from kvconv.format import layout
 
 _SW = layout.ENUMS["slot_write_flags"]
 _PAD = layout.ENUMS["slot_map_flags"]["pad"]
+_RELEASE = layout.ENUMS["slot_map_flags"]["release"]
 KINDS = ("cache", "slot_write", "write_step", "slot_map", "graph_node", "eager_launch")
 # what each write is, in the canary's terms (status codes index STATUS)
 MAPPED, PAD, UNMAPPED, OUTSIDE, UNKNOWN_CACHE, NO_STEP = range(6)
@@ -79,6 +80,7 @@ def join(d, ctx: int) -> WriteJoin | None:
     gs = d.groups_of("slot_write", context_id=ctx)
     if not gs:
         return None
+    g["write_step"] = g["write_step"][~releases(g["write_step"], g["slot_map"])]  # releases are no steps
     sw, caches, steps, smap = g["slot_write"], g["cache"], g["write_step"], g["slot_map"]
     step_idx, host_kind, host_index, replay, node = _launch_and_step(sw, g)
     n = len(sw)
@@ -103,6 +105,19 @@ def join(d, ctx: int) -> WriteJoin | None:
                      step_idx=step_idx, host_kind=host_kind, host_index=host_index, replay=replay, node=node,
                      slot=slot, request=req, has_request=has_req, owner=own, owner_step=own_step, has_owner=has_own,
                      status=status)
+
+
+def releases(steps, smap) -> np.ndarray:
+    """bool per write_step record: a release the probe recorded (WriteProbe.release / free: rows all flagged
+    ``release``), not a step (kvconv.check.canary.ownership)."""
+    out = np.zeros(len(steps), bool)
+    if not len(steps) or not len(smap):
+        return out
+    first, count = steps["map_first"].astype(np.int64), steps["map_count"].astype(np.int64)
+    ok = (count > 0) & (first + count <= len(smap))
+    rel = np.r_[0, np.cumsum((smap["flags"] & _RELEASE) != 0)]
+    out[ok] = rel[first[ok] + count[ok]] - rel[first[ok]] == count[ok]
+    return out
 
 
 def _launch_keys(gridid, tag) -> np.ndarray:

@@ -13,7 +13,9 @@ its step through the host record's ``host_ns`` inside the step's ``[begin_ns, en
 - a token's slot not written in some registered cache: ``writes-missing-slot``;
 - a write outside every registered cache (PADDING_SLOT_ID = -1 written through lands just before a cache):
   ``writes-outside-cache``, with the address range and where it lies relative to the nearest cache;
-- one slot of one cache written by two blocks in one step: ``writes-slot-conflict``.
+- one slot of one cache written by two blocks in one step: ``writes-slot-conflict``;
+- from the probe's mapping alone (no slot_write record needed), a step mapping a slot that a request still running
+  holds to another request: ``writes-live-overwrite`` (:mod:`kvconv.check.canary.ownership`).
 
     >>> from kvconv.check.canary import writes
     >>> writes.EXIT_CODES["nothing-checked"]
@@ -27,10 +29,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvconv.check.canary import ownership
 from kvconv.check.canary import write_join as wj
 from kvconv.check.canary.write_join import name as _name
 from kvconv.check.canary.write_join import step_map as _step_map
 from kvconv.format.findings import Finding
+from kvconv.wording import counted
 
 EXIT_CODES = {"ok": 0, "failed": 1, "nothing-checked": 4}
 MAX_NAMED = 200  # findings named one by one per code; the rest are counted in one more finding
@@ -46,9 +50,9 @@ class WritesResult:
 
     @property
     def verdict(self) -> str:
-        if not self.summary.get("records") or not self.summary.get("steps"):
-            return "nothing-checked"
-        return "failed" if any(f.severity == "error" for f in self.findings) else "ok"
+        if any(f.severity == "error" for f in self.findings):  # a live overwrite needs no slot_write record
+            return "failed"
+        return "nothing-checked" if not self.summary.get("records") or not self.summary.get("steps") else "ok"
 
     @property
     def ok(self) -> bool:
@@ -106,15 +110,19 @@ def check(d, *, path: str | None = None) -> WritesResult:
         w = wj.join(d, ctx)
         if w is not None:
             _check_context(d, ctx, w, fs, tot, res)
+    own = ownership.check(d, fs.report)
     res.findings = fs.all()
     if not tot["records"] or not tot["steps"]:
+        what = ("no write address was verified (only the slot ownership of the probe's mapping)" if own.steps
+                else "nothing was verified")
         res.findings.append(Finding("warning", "writes-nothing-checked", "no slot_write records, or no recorded step "
-                                    "(write_step) to check them against: nothing was verified", path=res.path))
+                                    f"(write_step) to check them against: {what}", path=res.path))
     n = fs.counts
     res.summary = {"records": tot["records"], "steps": tot["steps"], "caches": tot["caches"],
                    "writes_outside_steps": tot["writes_outside_steps"],
                    "unmapped_writes": n["writes-unmapped-slot"], "missing_slots": n["writes-missing-slot"],
                    "outside_writes": n["writes-outside-cache"], "slot_conflicts": n["writes-slot-conflict"],
+                   **own.summary(),
                    "errors": sum(f.count for f in res.findings if f.severity == "error"),
                    "warnings": sum(f.count for f in res.findings if f.severity == "warning")}
     return res
@@ -220,7 +228,10 @@ def report_text(res: WritesResult) -> str:
     lines = [f"{res.path}: {s.get('records', 0)} slot-write records, {s.get('steps', 0)} steps, "
              f"{s.get('caches', 0)} caches: {s['unmapped_writes']} writes to unmapped slots, "
              f"{s['missing_slots']} mapped slots never written, {s['outside_writes']} "
-             f"writes outside every cache, {s['slot_conflicts']} slots written by two blocks"]
+             f"writes outside every cache, {s['slot_conflicts']} slots written by two blocks"
+             + (f"; slot ownership: {counted(s['ownership_steps'], 'step')}, {counted(s['releases'], 'release')}, "
+                f"{counted(s['live_overwrites'], 'live slot')} handed out again ({s['ownership_note']})"
+                if s.get("ownership_steps") else "")]
     lines += [f.line() for f in res.findings]
     verdicts = {"ok": "ok", "failed": "FAILED",
                 "nothing-checked": "NOTHING CHECKED (no slot_write records or steps; see docs/CANARY.md)"}
