@@ -54,9 +54,12 @@ def _info_text(path: str, info: dict) -> str:
     crc = [g["payload_crc"] for g in info["groups"]]
     checked = sum(c != "not-checked" for c in crc)
     bad = crc.count("mismatch")
-    lines.append(f"payload checksums: {checked:,} of {counted(len(crc), 'group')} verified, "
-                 + (f"{bad:,} DO NOT MATCH" if bad else "all match")
-                 + (f" ({len(crc) - checked:,} cut short, not checked)" if checked < len(crc) else ""))
+    why = [g.get("payload_crc_not_checked") for g in info["groups"]]
+    live, cut = why.count("unfinished"), len(crc) - checked - why.count("unfinished")
+    lines.append(f"payload checksums: {checked:,} of {counted(len(crc), 'group')} verified"
+                 + ((f", {bad:,} DO NOT MATCH" if bad else ", all match") if checked else "")
+                 + (f" ({live:,} unfinished live group{'s' * (live != 1)} not claimed)" if live else "")
+                 + (f" ({cut:,} cut short, not checked)" if cut else ""))
     meta = info.get("metadata")
     if meta:
         keys = ("tool", "tool_version", "gpu", "driver", "model", "engine")

@@ -21,11 +21,21 @@ from kvconv.check.reconcile.launches import LaunchTable
 from kvconv.clock import of_dump
 from kvconv.emit._canary import canaries
 from kvconv.emit._first_pass import first_pass
-from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Ctx, event_runs, heads, release_groups
+from kvconv.emit._stream import (
+    EAGER,
+    GRAPH_NODE,
+    RELEASE_BYTES,
+    SLICE,
+    Ctx,
+    checksum_mismatch,
+    event_runs,
+    heads,
+    release_groups,
+)
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
-from kvconv.format.errors import FormatError, UsageError
+from kvconv.format.errors import UsageError
 from kvconv.memory import release_heap, stream_heap
 from kvconv.progress import Progress, ProgressOptions
 
@@ -78,13 +88,11 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
     try:
         for di, d in enumerate(dumps):
             if options.verify_checksums:
-                for g in d.groups:
-                    if g.kind is None or g.kind.name == "device_event" or g.lost_records:
+                for g in d.groups:  # a live (unfinished) or cut-short group has no checksum to compare
+                    if g.kind is None or g.kind.name == "device_event" or not g.checksummed:
                         continue
                     if not g.crc_ok():
-                        raise FormatError("payload checksum does not match header.payload_crc32", path=d.path,
-                                          group=g.index, offset=g.payload_offset, field="header.payload_crc32",
-                                          code="payload-checksum", hint="the records are damaged")
+                        checksum_mismatch(d, g, salvage=options.salvage, warn=warn)
                     if d.size > RELEASE_BYTES:  # the pages just checked go back (host records grow with the run)
                         dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset,
                                               len(g.records) * int(g.header["record_size"]))
@@ -107,7 +115,7 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
                         names=d.kernel_names(context_id=ctx), clock=clock,
                         device_drops=d.drops("device_event", context_id=ctx),
                         host_drops=d.drops("graph_node", context_id=ctx) + d.drops("eager_launch", context_id=ctx),
-                        meta=meta)
+                        meta=meta, salvage=options.salvage, warn=warn)
                 if not clock.n and c.n_events:
                     warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
                          "times and are not aligned with host records")

@@ -30,7 +30,7 @@ from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.clock import Clock
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
-from kvconv.format.errors import FormatError
+from kvconv.format.errors import DamagedError
 from kvconv.memory import release_heap
 
 __all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads",
@@ -68,6 +68,8 @@ class Ctx:
     _runs: dict | None = None  # first index -> (events, run starts, host row per run), from the join probe
     _matched: int = 0
     verified: bool = False  # a whole pass has checked every device-event group's checksum
+    salvage: bool = False  # --salvage: a checksum mismatch is said (warn) and the records converted anyway
+    warn: object = None
 
     @property
     def release(self) -> bool:
@@ -131,10 +133,9 @@ class Ctx:
                         except (OSError, ValueError, AttributeError):
                             pass
             crc = fut.result() if fut is not None else 0
-            if verify and not g.lost_records and crc != int(g.header["payload_crc32"]):
-                raise FormatError("payload checksum does not match header.payload_crc32", path=self.dump.path,
-                                  group=g.index, offset=g.payload_offset, field="header.payload_crc32",
-                                  code="payload-checksum", hint="the records are damaged; kvconv validate says more")
+            # a live group (a producer that died: no checksum summed) or a cut-short one has none to compare
+            if verify and g.checksummed and crc != int(g.header["payload_crc32"]):
+                checksum_mismatch(self.dump, g, salvage=self.salvage, warn=self.warn)
             base += len(g.records)
         self.verified = self.verified or verify
 
@@ -184,6 +185,17 @@ def release_groups(d, kinds, ctx: int) -> None:
         for g in d.groups_of(kind, context_id=ctx):
             rs = int(g.header["record_size"])
             dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)
+
+
+def checksum_mismatch(d, g, *, salvage: bool, warn) -> None:
+    """A group whose payload does not match its checksum: damaged records, exit 1 (:class:`DamagedError`, as
+    validate and info give); with --salvage a warning, and the records are converted as they are."""
+    err = DamagedError("payload checksum does not match header.payload_crc32", path=d.path, group=g.index,
+                       offset=g.payload_offset, field="header.payload_crc32", code="payload-checksum",
+                       hint="the records are damaged; kvconv validate says more")
+    if not salvage or warn is None:
+        raise err
+    warn(f"{err}; converted as they are (--salvage)")
 
 
 def _crc_after(buf, prev) -> int:

@@ -75,6 +75,14 @@ class FormatError(KvconvError):
     exit_code = 2
 
 
+class DamagedError(FormatError):
+    """The file reads as a whole, but records in it are damaged (a payload checksum does not match): exit 1, as
+    ``kvconv validate`` and ``info`` give for the same file (schemas/codes.json: ``payload-checksum`` is not
+    ``unreadable``), not the 2 of a file that cannot be read."""
+
+    exit_code = 1
+
+
 class SchemaError(KvconvError):
     """A record, header or metadata value is outside what the schema allows."""
 

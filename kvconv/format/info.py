@@ -16,12 +16,16 @@ from kvconv.format.findings import Finding
 
 def describe(d, *, progress=None) -> dict:
     """What ``kvconv info`` reports of an open dump ``d``, payload checksums included (docs/FORMAT.md: readers verify
-    them); a group a salvaged file cut short has no checksum to compare (``payload_crc: "not-checked"``).
+    them); a group a salvaged file cut short, and a live group of an unfinished dump (its producer died before it
+    summed the payload), have no checksum to compare (``payload_crc: "not-checked"``, and
+    ``payload_crc_not_checked``: ``"cut-short"`` or ``"unfinished"``): only the groups summed are claimed.
     ``progress(done, total)``: bytes summed (kvconv.progress's contract), called from the checksum thread."""
     from kvconv._workers import worker
     from kvconv.format.reader import release_pages
 
-    checked = [g for g in d.groups if not g.lost_records]
+    # only a group with a checksum is summed: a live group's producer never wrote one (it died before finishing the
+    # dump; payload_crc32 is 0), a cut-short group lacks the bytes it covered. Neither is claimed as verified.
+    checked = [g for g in d.groups if g.checksummed]
     total, done = sum(g.record_count * g.record_size for g in checked), [0]
 
     def summed(offset: int, nbytes: int) -> None:
@@ -61,6 +65,8 @@ def describe(d, *, progress=None) -> dict:
     for g, row in zip(d.groups, groups):
         job = crc_jobs.get(g.index)
         row["payload_crc"] = "not-checked" if job is None else ("ok" if job.result() else "mismatch")
+        if job is None:  # why it has no checksum to compare: a live group of an unfinished dump, or cut short
+            row["payload_crc_not_checked"] = "unfinished" if g.live else "cut-short"
         if row["payload_crc"] == "mismatch":
             findings.append(Finding("error", "payload-checksum", "payload checksum does not match "
                                     "header.payload_crc32 (the records are damaged)", path=d.path, group=g.index,

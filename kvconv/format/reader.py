@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvconv.format import layout
-from kvconv.format.errors import FormatError, SchemaError
+from kvconv.format.errors import DamagedError, FormatError, SchemaError
 from kvconv.format.findings import Finding
 
 H = layout.HEADER_DTYPE
@@ -100,13 +100,19 @@ class Group:
         for start in range(0, n, size):
             yield start, self.records[start : start + size]
 
+    @property
+    def checksummed(self) -> bool:
+        """The payload has a checksum to compare: not a live group (its producer never summed it: its
+        payload_crc32 is 0) and not cut short (salvage). Every reader claims a checksum only for these groups."""
+        return not self.live and not self.lost_records
+
     def payload_bytes(self) -> memoryview:
         return memoryview(self.records.view(np.uint8).reshape(-1)) if len(self.records) else memoryview(b"")
 
     def crc_ok(self, *, release=None) -> bool:
         """The payload matches its CRC. ``release(offset, nbytes)``: called on each file range once it is summed."""
-        if self.live:
-            return True  # a live group's payload_crc32 is 0: not computed while the producer ran
+        if not self.checksummed:
+            return True  # a live group's payload_crc32 is 0 (not computed while the producer ran); a cut one is short
         crc = 0
         step = 64 << 20
         buf = self.payload_bytes()
@@ -315,12 +321,23 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     return d
 
 
+# Magic numbers of the compressors a dump is shipped with: (magic, (name, the command that undoes it)).
+_COMPRESSED = ((b"\x1f\x8b", ("gzip", "gunzip")), (b"\x28\xb5\x2f\xfd", ("zstd", "unzstd")),
+               (b"\xfd7zXZ\x00", ("xz", "unxz")), (b"BZh", ("bzip2", "bunzip2")))
+
+
 def _header_at(s: _Scan, pos: int, index: int) -> np.void | None:
     """The header of group ``index`` at ``pos``, or None (a problem recorded) when it cannot be trusted."""
     size, buf = s.d.size, s.buf
     head = bytes(buf[pos : pos + min(8, size - pos)])
     if not layout.MAGIC.startswith(head):
         # Checked first, even on a stub shorter than a header: a text file is "not a kvconv dump", not "cut".
+        packed = next((c for m, c in _COMPRESSED if head.startswith(m)), None) if index == 0 else None
+        if packed is not None:  # a compressed dump (four fixtures ship as .kvdump.gz): say how to read it
+            tool, flag = packed
+            s.problem("error", f"{tool}-compressed: {flag} it first", pos, "header.magic", group=index,
+                      code="bad-magic", hint=f"{flag} -k {s.d.path}")
+            return None
         what = "bad magic" if index == 0 else "bad magic at the start of a record group"
         s.problem("error", f"{what} {head!r}", pos, "header.magic", group=index, code="bad-magic",
                   hint="not a kvconv dump" if index == 0 else "the file is damaged here")
@@ -463,7 +480,8 @@ def open(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     for p in d.problems:
         if p.severity == "error":
             d.close()
-            raise FormatError(p.message, path=p.path, group=p.group, offset=p.offset, field=p.field, code=p.code)
+            cls = DamagedError if p.code == "payload-checksum" else FormatError  # damaged records: exit 1, not 2
+            raise cls(p.message, path=p.path, group=p.group, offset=p.offset, field=p.field, code=p.code)
     for p in d.problems:
         warnings.warn(p.line(), DumpWarning, stacklevel=2)
     return d

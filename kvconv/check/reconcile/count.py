@@ -26,6 +26,7 @@ class Counts:
     tally: Tally
     missing: np.ndarray  # per row (0 inside ambiguous runs: counted per run)
     unattributed: int  # events counted neither in a launch nor in an ambiguous run
+    unflushed: int = 0  # missing blocks of a dead producer's last launches: lost at its end, not by the GPU
 
 
 def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
@@ -46,10 +47,17 @@ def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, not
     if late:  # launches whose blocks lie (in part) before the first covered block, in host order
         late_until = int(np.searchsorted(np.cumsum(t.grid[o.order]), late, side="left"))
     dev_note = f" ({drops.loss()})" if drops.device else ""
+    tail = _unflushed(t, distinct, missing, notes)
+    unflushed = 0
     for hh in t.in_order(missing > 0):
         rec, ex = int(distinct[hh]), int(exp[hh])
         why, sev, code = dev_note, "error", "missing-blocks"
-        if late and 0 <= o.order_pos[hh] <= late_until:
+        if tail is not None and tail[hh]:
+            why = (" - lost at the producer's end: the dump is unfinished (the producer died or was killed) and these "
+                   "blocks ran after the last flush of its device events; not a fault of the GPU")
+            sev, code = "warning", "unflushed-blocks"
+            unflushed += ex - rec
+        elif late and 0 <= o.order_pos[hh] <= late_until:
             why = (" - ran before coverage began: 0 device drops, so the deficit can only be launches that ran "
                    "before patching (coverage starts late, it never stops early)")
             sev, code = ("error" if strict_coverage else "warning"), "coverage-late"
@@ -59,7 +67,24 @@ def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, not
     regions = o.regions if o is not None else []
     _region_findings(t, regions, drops, names, notes)
     in_runs = sum(r["unattributed_events"] for r in regions)
-    return Counts(tally=tally, missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs)
+    return Counts(tally=tally, missing=missing, unattributed=tally.replay_only + tally.unmatched - in_runs,
+                  unflushed=unflushed)
+
+
+def _unflushed(t: LaunchTable, distinct: np.ndarray, missing: np.ndarray, notes: Notes) -> np.ndarray | None:
+    """Of a live dump (its producer died: ``unfinished``), the rows whose missing blocks are the producer's end: the
+    launches from the last one with a recorded block on, in host time (the flusher copies device events every
+    KVCONV_FLUSH_MS; those of the last launches before the death never reached the file). None: not a live dump, or
+    no launch misses a block."""
+    d, ctx = notes.d, notes.ctx
+    if not any(g.live for g in d.groups_of("device_event", context_id=ctx)) or not missing.any():
+        return None
+    host_ns = t.host_ns
+    if host_ns is None:  # a lean table (large streamed report): the host times read back for this rule only
+        host_ns = np.concatenate([d.records(k, context_id=ctx)["host_ns"] for k in ("graph_node", "eager_launch")])
+    seen = (distinct > 0) & ~(t.dup | t.upload)
+    last = int(host_ns[seen].max()) if seen.any() else -1
+    return (missing > 0) & (host_ns.astype(np.int64) >= last)
 
 
 class _Expected:

@@ -1,0 +1,157 @@
+"""Live dumps everywhere (issue 27 item 4): the flight recorder's dumps of a producer that died (fixtures/h200-death-*,
+shipped gzip-compressed) are read by every command with the reader's rules: a live group has no payload checksum (the
+producer never summed it), so none is claimed or compared. The converters write them, Perfetto's trace processor and
+pyarrow read the results; `info` says exactly which checksums it verified. Beside it: a checksum mismatch is damage
+(exit 1, as validate and info), not an unreadable file (2), unless --salvage; a compressed dump is named as such."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+DEATHS = sorted(ROOT.glob("fixtures/h200-death-*/*.kvdump.gz"))
+BAD = ROOT / "fixtures" / "bad"
+TRACE_PROCESSOR = os.environ.get("KVCONV_TRACE_PROCESSOR", "/work/shared/tools/trace_processor_shell")
+
+
+def _gunzip(gz: Path, tmp_path: Path) -> Path:
+    out = tmp_path / gz.name[: -len(".gz")]
+    out.write_bytes(gzip.decompress(gz.read_bytes()))
+    return out
+
+
+def test_the_four_live_fixtures_are_there():
+    assert [p.parent.name for p in DEATHS] == ["h200-death-abort", "h200-death-os-exit", "h200-death-sigkill",
+                                               "h200-death-sigsegv"]
+
+
+@pytest.mark.parametrize("gz", DEATHS, ids=[p.parent.name for p in DEATHS])
+def test_live_dump_converts_and_the_results_load(gz, tmp_path):
+    """Was: exit 2, 'payload checksum does not match header.payload_crc32' for the device events of a live group."""
+    d = _gunzip(gz, tmp_path)
+    info = json.loads(run_cli("info", "--json", d).stdout)["dumps"][0]["result"]
+    events = info["totals"]["device_event"]["records"]
+    assert events > 0
+    outs = {"perfetto": tmp_path / "t.pftrace", "chrome": tmp_path / "t.json", "arrow": tmp_path / "tables"}
+    for cmd, out in outs.items():
+        r = run_cli(cmd, d, "-o", out, "-q")
+        assert r.returncode == 0, (cmd, r)
+        assert "payload checksum" not in r.stderr, r.stderr
+    pa_ds = pytest.importorskip("pyarrow.dataset")
+    rows = {t.name: pa_ds.dataset(t, format="arrow").count_rows() for t in outs["arrow"].iterdir() if t.is_dir()}
+    assert rows["device_event"] == events and rows["matches"] == events, rows
+    chrome = json.loads(outs["chrome"].read_text())
+    assert len(chrome["traceEvents"]) >= events
+    if not os.access(TRACE_PROCESSOR, os.X_OK):
+        pytest.skip(f"no trace_processor_shell at {TRACE_PROCESSOR} (set KVCONV_TRACE_PROCESSOR)")
+    q = tmp_path / "q.sql"
+    q.write_text("select (select count(*) from slice) as slices, (select count(*) from stats where severity in "
+                 "('error', 'data_loss') and value > 0) as bad;\n")
+    for trace in (outs["perfetto"], outs["chrome"]):
+        p = subprocess.run([TRACE_PROCESSOR, "-q", str(q), str(trace)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        slices, bad = (int(x) for x in p.stdout.strip().splitlines()[-1].split(","))
+        assert slices >= events and bad == 0, (trace.name, p.stdout)
+
+
+def test_info_claims_only_the_checksums_it_summed(tmp_path):
+    d = _gunzip(ROOT / "fixtures/h200-death-sigkill/h200-death-sigkill.kvdump.gz", tmp_path)
+    r = run_cli("info", d)
+    assert r.returncode == 0, r
+    # was: "7 of 7 groups verified, all match" (the 6 live groups 'matched' without being summed)
+    assert "payload checksums: 1 of 7 groups verified, all match (6 unfinished live groups not claimed)" in r.stdout
+    groups = json.loads(run_cli("info", "--json", d).stdout)["dumps"][0]["result"]["groups"]
+    assert [g["payload_crc"] for g in groups] == ["ok"] + ["not-checked"] * 6
+    assert [g.get("payload_crc_not_checked") for g in groups] == [None] + ["unfinished"] * 6
+    r = run_cli("info", ROOT / "fixtures/qwen3-14b/qwen3-14b.kvdump")
+    assert "payload checksums: 7 of 7 groups verified, all match\n" in r.stdout  # a finished dump: every group
+
+
+def test_checksum_mismatch_is_damage_exit_1_in_the_converters(tmp_path):
+    """fixtures/bad/checksum-mismatch: info and validate exit 1 (docs/CLI.md); the converters exited 2."""
+    src = BAD / "checksum-mismatch.kvdump"
+    for cmd, out in (("perfetto", "c.pftrace"), ("chrome", "c.json"), ("arrow", "c")):
+        r = run_cli(cmd, src, "-o", tmp_path / out, "-q")
+        assert r.returncode == 1, (cmd, r)
+        assert r.stderr.count("\n") == 1 and "group 6: header.payload_crc32: payload checksum does not match" \
+            in r.stderr, r.stderr
+        assert not (tmp_path / out).exists()
+        r = run_cli(cmd, src, "-o", tmp_path / out, "-q", "--salvage")  # --salvage: said, and converted as it is
+        assert r.returncode == 0 and (tmp_path / out).exists(), (cmd, r)
+        assert "payload checksum does not match header.payload_crc32" in r.stderr and "(--salvage)" in r.stderr
+    for cmd in ("info", "validate"):
+        assert run_cli(cmd, src).returncode == 1
+
+
+@pytest.mark.parametrize("tool", ["gzip", "zstd"])
+def test_a_compressed_dump_is_named_so(tool, tmp_path):
+    """Was: "bad magic b'\\x1f\\x8b...' (not a kvconv dump)"."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"no {tool}")
+    d = tmp_path / "d.kvdump"
+    shutil.copy(BAD / "valid-small.kvdump", d)
+    subprocess.run([tool, "-q", str(d)], check=True)
+    packed = next(tmp_path.glob("d.kvdump.*"))
+    undo = {"gzip": "gunzip", "zstd": "unzstd"}[tool]
+    for cmd in (["info"], ["validate"], ["perfetto", "-o", tmp_path / "t.pftrace"], ["reconcile"]):
+        r = run_cli(*cmd, packed)
+        assert r.returncode == 2, (cmd, r)
+        text = r.stderr + r.stdout
+        assert f"header.magic: {tool}-compressed: {undo} it first ({undo} -k {packed})" in text, (cmd, text)
+        assert "not a kvconv dump" not in text and "Traceback" not in text
+
+
+def _live_cut(tmp_path: Path, published: int, *, eager0_grid: int | None = None) -> Path:
+    """The os._exit fixture (a live dump: 160 device events, 4 eager launches of 37 blocks then 12 one-block graph
+    nodes) as if the producer had died after publishing only ``published`` device events (a live header's
+    record_count is outside its header checksum: the producer stores it in place); ``eager0_grid``: eager launch
+    #0's grid_x (a live group has no payload checksum to contradict it)."""
+    from kvconv.format import dump, layout
+
+    d = _gunzip(ROOT / "fixtures/h200-death-os-exit/h200-death-os-exit.kvdump.gz", tmp_path)
+    f = layout.LAYOUTS["header"].field("record_count")
+    with dump.scan(d, options=dump.ReadOptions(verify_checksums=False)) as dd:  # (scan: the live warning kept)
+        g = dd.groups_of("device_event")[0]
+        el = dd.groups_of("eager_launch")[0]
+        at, eager_at = g.offset + f.offset, el.payload_offset + layout.LAYOUTS["host_launch"].field("grid_x").offset
+        assert g.live and g.record_count == 160
+    raw = bytearray(d.read_bytes())
+    raw[at : at + f.size] = published.to_bytes(f.size, "little")
+    if eager0_grid is not None:
+        raw[eager_at : eager_at + 4] = eager0_grid.to_bytes(4, "little")
+    d.write_bytes(raw)
+    return d
+
+
+def test_blocks_after_the_last_flush_are_the_producers_end_not_missing(tmp_path):
+    """A producer that died within the flush period (issue 27: 'missing-blocks on eager launch #2', INVALID): the
+    launches from the last one with a recorded block on are lost at its end: warnings, the verdict not failed."""
+    d = _live_cut(tmp_path, 150)  # the 4 eager launches (148 blocks) and 2 of the 12 graph nodes reached the file
+    r = run_cli("reconcile", d)
+    assert r.returncode == 0, r
+    assert r.stdout.count("warning unflushed-blocks") == 10 and "missing-blocks" not in r.stdout, r.stdout
+    assert "lost at the producer's end" in r.stdout and "counts-differ" not in r.stdout
+    r = run_cli("validate", d)
+    assert "missing-blocks" not in r.stdout and "unflushed-blocks" in r.stdout and "INVALID" not in r.stdout, r.stdout
+    assert r.returncode not in (1, 2), r
+    d = _live_cut(tmp_path, 120)  # eager launch #3 cut in the middle: 9 of its 37 blocks, then nothing
+    r = run_cli("reconcile", d)
+    assert r.returncode == 0 and "missing-blocks" not in r.stdout, r.stdout
+    assert "eager launch #3" in r.stdout and "9 of 37 blocks recorded" in r.stdout, r.stdout
+
+
+def test_a_launch_before_the_last_flush_still_misses_its_blocks(tmp_path):
+    """Blocks missing from a launch whose successors reached the file are not the producer's end: still an error."""
+    d = _live_cut(tmp_path, 160, eager0_grid=38)  # eager launch #0 expects 38 blocks; 37 ran and were recorded
+    r = run_cli("reconcile", d)
+    assert r.returncode == 1, r
+    assert "error missing-blocks" in r.stdout and "eager launch #0" in r.stdout, r.stdout
+    assert "unflushed-blocks" not in r.stdout
