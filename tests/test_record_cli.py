@@ -47,6 +47,10 @@ def test_events_from_the_environment(tmp_path, fake_lib):  # noqa: F811
     assert "--events enter contradicts KVCONV_EVENTS=enter,exit" in r.stderr and not seen.exists()
     r = run_cli("record", "-o", out, *child, env={"KVCONV_EVENTS": ""})
     assert seen.read_text() == "enter", r  # unset or empty: the default
+    seen.unlink()
+    r = run_cli("record", "-o", out, *child, env={"KVCONV_EVENTS": "enter,bogus"})
+    assert r.returncode == 2 and "KVCONV_EVENTS=enter,bogus in the environment is not a subset" in r.stderr, r
+    assert r.stderr.count("\n") == 1 and not seen.exists()
 
 
 def test_a_signal_gives_128_plus_n_and_the_dump_verdict_apart(tmp_path, fake_lib):  # noqa: F811

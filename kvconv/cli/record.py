@@ -86,6 +86,10 @@ def record_events(option: str | None) -> str:
     if env is None or not env.strip():
         return option or "enter"
     if option is None:
+        bad = {e.strip() for e in env.split(",") if e.strip()} - {"enter", "exit"}
+        if bad:
+            raise UsageError(f"KVCONV_EVENTS={env} in the environment is not a subset of enter, exit",
+                             code="bad-events", hint="unset it, or export KVCONV_EVENTS=enter,exit")
         return env
 
     def kinds(v: str) -> set[str]:
