@@ -79,6 +79,7 @@ uint32_t classify(Ctx* c, CUfunction f, const char* name, CUmodule m, bool launc
     c->fn_slot[f] = slot;
   }
   if (c->patched_modules.count(m)) {
+    logf(2, "context %u: function of a patched module: %s (slot %u)", c->index, name ? name : "?", slot);
     const uint64_t ud = slot ? encode(c, slot, 0) : 0;
     auto d = c->fn_data.find(f);
     if (d == c->fn_data.end() || d->second != ud) {
@@ -92,6 +93,7 @@ uint32_t classify(Ctx* c, CUfunction f, const char* name, CUmodule m, bool launc
 void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_t n) {
   std::lock_guard<std::mutex> lk(c->mu);
   if (!c->patched_modules.count(m)) return;
+  logf(2, "context %u: %u lazily loaded functions of patched module %p", c->index, n, (void*)m);
   for (uint32_t i = 0; i < n; ++i) {
     CUfunction f = fns[i];
     auto it = c->fn_slot.find(f);
