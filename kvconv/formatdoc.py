@@ -345,7 +345,21 @@ def render_outputs() -> str:
     return "\n".join(out)
 
 
-_DOCS = {"format": lambda: render(), "findings": lambda: render_findings(), "outputs": lambda: render_outputs()}
+def render_cli() -> str:
+    """docs/CLI.md with its exit-status table generated from schemas/codes.json ``verdicts`` (between the markers)."""
+    from pathlib import Path
+
+    from kvconv.check.verdict import exit_table
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "CLI.md").read_text()
+    head, rest = page.split(_CLI_BEGIN, 1)
+    return head + _CLI_BEGIN + "\n" + exit_table() + rest[rest.index(_CLI_END):]
+
+
+_CLI_BEGIN = "<!-- exit statuses: generated from schemas/codes.json by python -m kvconv.formatdoc cli -->"
+_CLI_END = "<!-- end of the generated exit statuses -->"
+_DOCS = {"format": lambda: render(), "findings": lambda: render_findings(), "outputs": lambda: render_outputs(),
+         "cli": lambda: render_cli()}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -73,7 +73,7 @@ def test_several_dumps_rows_and_skew(tmp_path: Path) -> None:
 def test_canary_and_exit_plots(tmp_path: Path) -> None:
     out = tmp_path / "c.html"
     assert run_cli("report", "-q", str(FIXTURES / "canary-stale-pad" / "canary-stale-pad.kvdump"),
-                   "-o", str(out)).returncode == 0
+                   "-o", str(out)).returncode == 1  # the page is written; the exit is the dump's verdict: failed
     page = _parse(out)
     assert page.plots == ["canary-unexpected"]
     assert "canary-unexpected-write" in " ".join(page.text)

@@ -9,9 +9,12 @@ Three layers, all vectorised over the mmap'd records:
 - structure (kvconv.format.dump.scan): magic, versions, header checksums, sizes against the file, payload checksums;
 - schema: header fields, the metadata JSON against schemas/metadata.schema.json, record enums, flags and ranges;
 - semantics: sequence gaps and duplicates, %globaltimer going backwards, drops, kernel slots missing from the kernel
-  table, blockIdx outside its launch's grid, and the reconciler's and the canary's findings.
+  table, blockIdx outside its launch's grid, and the reconciler's, the location canary's and the write-address
+  canary's findings;
+- coverage: nothing traced and nothing checked (``coverage-none``).
 
-Exit codes: 0 valid, 1 findings at error level, 2 unreadable input.
+One verdict (:mod:`kvconv.check.verdict`): ok, failed, incomplete, nothing-checked, unreadable; its exit status from
+schemas/codes.json ``verdicts`` (0, 1, 5, 4, 2). ``Report.incidents``: the findings grouped by cause.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     groups: int = 0
     size: int = 0
+    incidents: list[dict] = field(default_factory=list)  # kvconv.check.verdict.incidents: findings by cause
 
     @property
     def errors(self) -> int:
@@ -77,19 +81,30 @@ class Report:
         return self.errors == 0
 
     @property
+    def verdict(self) -> str:
+        """ok, failed, incomplete, nothing-checked or unreadable (:func:`kvconv.check.verdict.judge`)."""
+        from kvconv.check.verdict import judge
+
+        return judge(self.findings)
+
+    @property
     def exit_code(self) -> int:
-        return 2 if self.unreadable else (1 if self.errors else 0)
+        from kvconv.check.verdict import EXIT_CODES
+
+        return EXIT_CODES[self.verdict]
 
     def to_dict(self) -> dict:
         return {
             "path": self.path,
             "valid": self.valid,
+            "verdict": self.verdict,
             "exit_code": self.exit_code,
             "size": self.size,
             "groups": self.groups,
             "errors": self.errors,
             "warnings": self.warnings,
             "findings": [f.to_dict() for f in self.findings],
+            "incidents": self.incidents,
         }
 
 
@@ -104,6 +119,7 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
         d = dumpmod.scan(path, options=dumpmod.ReadOptions(salvage=options.salvage, verify_checksums=False))
     except KvconvError as e:
         rep.findings.append(Finding.from_error(e))
+        rep.incidents = [_one(f) for f in rep.findings]
         return rep
     with d:
         rep.size = d.size
@@ -143,10 +159,28 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
             raise rc_error
         if structurally_sound and options.reconcile:
             rep.findings.extend(_reconcile_findings(d, options, rc, already={f.code for f in rep.findings}))
+        can = writes = None
         if structurally_sound and options.canary and d.groups_of("canary"):
             from kvconv.check import canary
 
-            rep.findings.extend(canary.check(d).findings)
+            can = canary.check(d)
+            rep.findings.extend(can.findings)
+        if structurally_sound and options.canary and d.groups_of("slot_write"):
+            from kvconv.check.canary import writes as writes_canary
+
+            writes = writes_canary.check(d, path=path)
+            rep.findings.extend(writes.findings)
+        if not rep.unreadable:
+            from kvconv.check import verdict
+
+            steps = can.counts["steps_checked"] if can is not None else 0
+            cov = verdict.coverage(d, canary_steps=steps,
+                                   write_steps=writes.summary.get("steps", 0) if writes is not None else 0)
+            if cov is not None:
+                rep.findings.append(cov)
+            rep.incidents = verdict.incidents(d, rep.findings, canary_res=can)
+        else:
+            rep.incidents = [_one(f) for f in rep.findings if f.severity != "info"]
         if progress is not None:
             progress(d.size, d.size)
     return rep
@@ -157,6 +191,10 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
 _OWN_HOOKS = frozenset(f"{__name__}:{f.__name__}" for f in (_check_metadata, _check_kernels, _check_device_events,
                                                              _check_host_launches, _check_clock_sync)) | {
     "kvconv.check.canary:check"}
+
+
+def _one(f: Finding) -> dict:
+    return {"severity": f.severity, "code": f.code, "message": f.line(), "findings": 1, "where": {}}
 
 
 def _check_kinds(d: dumpmod.Dump, c: _Collector) -> None:

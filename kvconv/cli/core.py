@@ -88,7 +88,12 @@ def _info_one(path: Path, opts, popts) -> Outcome:
     return Outcome(str(path), code, info, text=_info_text(str(path), info))
 
 
-def _validate_one(path: Path, opts, popts=None) -> Outcome:
+_STATE = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED",
+          "incomplete": "INCOMPLETE, the producer did not finish: what it published is consistent, the rest unknown"}
+
+
+def _validate_one(path: Path, opts, popts=None, *, all_findings: bool = False) -> Outcome:
+    from kvconv.check import verdict
     from kvconv.check.validate import validate as run_validate
     from kvconv.progress import Progress, ProgressOptions
 
@@ -106,10 +111,15 @@ def _validate_one(path: Path, opts, popts=None) -> Outcome:
         err = FormatError(first.message, path=first.path, offset=first.offset, field=first.field, group=first.group,
                           code=first.code)
         return Outcome(r.path, r.exit_code, result, error=err)
-    lines = [f.line() for f in r.findings]
-    state = "valid" if r.valid else "INVALID"
-    lines.append(f"{r.path}: {state} ({counted(r.errors, 'error')}, {counted(r.warnings, 'warning')}; "
-                 f"{counted(r.groups, 'group')}, {counted(r.size, 'byte')})")
+    # Incidents first (findings of one cause are one line); --all: the grouped ones, then every finding.
+    if all_findings:
+        lines = [verdict.line(i) for i in r.incidents if i["where"]] + [f.line() for f in r.findings]
+    else:
+        lines = [verdict.line(i) for i in r.incidents]
+    grouped = sum(1 for i in r.incidents if i["where"])
+    inc = f"; {counted(len(r.incidents), 'incident')}" if grouped else ""
+    lines.append(f"{r.path}: {_STATE[r.verdict]} ({counted(r.errors, 'error')}, {counted(r.warnings, 'warning')}"
+                 f"{inc}; {counted(r.groups, 'group')}, {counted(r.size, 'byte')})")
     return Outcome(r.path, r.exit_code, result, text="\n".join(lines))
 
 
@@ -143,11 +153,14 @@ def validate(
     as_json: bool = JSON,
     relaxed: bool = RELAXED,
     no_reconcile: bool = typer.Option(False, "--no-reconcile", help="skip the reconciler's checks"),
+    all_findings: bool = typer.Option(False, "--all", help="list every finding, not only one line per incident"),
     salvage: bool = SALVAGE,
     progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> None:
-    """Check structure, schema and semantics; report every problem. Exit 0 valid, 1 errors, 2 unreadable.
+    """Run every check the dump allows (structure, schema, reconcile, location and write canaries, coverage) and
+    give one verdict: exit 0 ok, 1 failed (errors), 2 unreadable, 4 nothing checked, 5 incomplete (the producer
+    died). Findings of one cause are one incident line; --all and --json keep every finding.
 
     Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
     """
@@ -156,7 +169,8 @@ def validate(
 
     opts = ValidateOptions(reconcile=not no_reconcile, relaxed_reconcile=relaxed, salvage=salvage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts)), as_json=as_json)
+    finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts, all_findings=all_findings)),
+           as_json=as_json)
 
 
 @app.command()

@@ -41,8 +41,8 @@ def record(
 ) -> None:
     """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
-    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else 1 if a dump is
-    invalid or none was written, else 0.
+    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else the worst dump's
+    verdict (1 failed, 4 nothing checked: e.g. no kernel matched -k, 5 incomplete) or 1 when none was written, else 0.
 
     Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
     """
@@ -68,12 +68,22 @@ def record(
         if rep is None:
             sys.stdout.write(f"{p}: written (not validated)\n")
             continue
-        for f in rep.findings:
-            if f.severity != "info":
-                sys.stdout.write(f.line() + "\n")
-        sys.stdout.write(f"{p}: {'valid' if rep.valid else 'INVALID'}\n")
-        bad += not rep.valid
-    raise typer.Exit(res.returncode or (1 if bad else 0))
+        from kvconv.check.verdict import line
+
+        incidents = getattr(rep, "incidents", None)  # findings of one cause on one line, as kvconv validate
+        for text in ([line(i) for i in incidents] if incidents is not None
+                     else [f.line() for f in rep.findings if f.severity != "info"]):
+            sys.stdout.write(text + "\n")
+        # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
+        v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
+        sys.stdout.write(f"{p}: {_VERDICT_WORD.get(v, v)}\n")
+        bad = max(bad, getattr(rep, "exit_code", 0 if rep.valid else 1))
+    raise typer.Exit(res.returncode or bad)
+
+
+_VERDICT_WORD = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED", "incomplete": "INCOMPLETE",
+                 "unreadable": "UNREADABLE"}
+
 
 def record_events(option: str | None) -> str:
     """The block events to record: ``--events``, else the exported ``KVCONV_EVENTS`` (docs/TRACER.md), else enter. A

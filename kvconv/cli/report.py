@@ -7,9 +7,12 @@ compared; exit 1 beyond thresholds). Both read each dump once (:mod:`kvconv.look
     ...
     ok: no change beyond the thresholds
 
-report: exit 0 when the page is written (its findings are in it), 2 when a dump cannot be read or the output may
-not be written (nothing is written then). diff: 0 no check beyond the thresholds, 1 otherwise, 2 unreadable; --json
-prints the envelope of every command (schemas/cli.schema.json) with the comparison as ``diff``. docs/REPORT.md.
+Both read each dump's one verdict (kvconv validate's: :mod:`kvconv.check.verdict`) and state it. report: once the
+page is written (its verdict, incidents and findings are in it), the worst dump's verdict exit status (0 ok, 1 failed,
+4 nothing checked, 5 incomplete: schemas/codes.json ``verdicts``); 2 when a dump cannot be read or the output may
+not be written (nothing is written then). diff: 0 no check beyond the thresholds, 1 otherwise (B's verdict worse than
+A's, or an incident of B that A has not, counts), 2 unreadable; --json prints the envelope of every command
+(schemas/cli.schema.json) with the comparison as ``diff``. docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -27,13 +30,27 @@ _JOIN = typer.Option("auto", "--join", metavar="auto|exact|ordered", help="the j
 
 
 def _profile(path: Path, *, join: str, salvage: bool, popts, what: str):
+    """The dump's verdict (kvconv validate's report, as a dict) and its profile (None where the records are damaged:
+    a payload checksum that does not match; the verdict says so)."""
+    from kvconv.check.validate import ValidateOptions, validate
     from kvconv.format import dump
+    from kvconv.format.errors import FormatError, KvconvError
     from kvconv.look.profile import profile
     from kvconv.progress import Progress
 
-    with dump.open(path, options=dump.ReadOptions(salvage=salvage)) as d:
-        with Progress(f"{what} {Path(path).name}", total=0, size_bytes=d.size, options=popts) as bar:
-            return profile(d, join=join, progress=bar.update)
+    rep = validate(path, options=ValidateOptions(salvage=salvage))
+    if rep.unreadable:
+        first = next(f for f in rep.findings if f.severity == "error")
+        raise FormatError(first.message, path=first.path, offset=first.offset, field=first.field, group=first.group,
+                          code=first.code)
+    try:
+        with dump.open(path, options=dump.ReadOptions(salvage=salvage)) as d:
+            with Progress(f"{what} {Path(path).name}", total=0, size_bytes=d.size, options=popts) as bar:
+                return rep.to_dict(), profile(d, join=join, progress=bar.update)
+    except KvconvError:
+        if rep.verdict != "failed":
+            raise
+        return rep.to_dict(), None
 
 
 @app.command("report")
@@ -62,9 +79,11 @@ def report_cmd(
     reconcile.ReconcileOptions(join=join)  # a bad --join is refused before any work
     check_output(output, inputs=dump_paths, kind="report", force=force)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    profiles = [_profile(p, join=join, salvage=salvage, popts=popts, what="report") for p in dump_paths]
-    cross = skew.cross_dump([str(p) for p in dump_paths], [p.reconcile for p in profiles])
-    page = report.page(profiles, cross=cross)
+    judged = [_profile(p, join=join, salvage=salvage, popts=popts, what="report") for p in dump_paths]
+    verdicts, profiles = [v for v, _ in judged], [p for _, p in judged]
+    whole = [(str(path), p) for path, p in zip(dump_paths, profiles) if p is not None]
+    cross = skew.cross_dump([w for w, _ in whole], [p.reconcile for _, p in whole]) if len(whole) > 1 else None
+    page = report.page(profiles, cross=cross, verdicts=verdicts)
     data = page.html.encode("utf-8")
     with atomic_output(output, inputs=dump_paths, kind="report", force=force) as tmp:
         Path(tmp).write_bytes(data)
@@ -72,7 +91,12 @@ def report_cmd(
         where = "stdout" if output == "-" else output
         (sys.stderr if output == "-" else sys.stdout).write(
             f"wrote {where}: {counted(len(profiles), 'dump')}, {counted(page.plots, 'plot')}, "
-            f"{counted(len(data), 'byte')}\n")
+            f"{counted(len(data), 'byte')}\n" + "".join(f"{v['path']}: verdict {v['verdict']} (exit {v['exit_code']}; "
+                                                      f"{counted(len(v['incidents']), 'incident')} in the report)\n"
+                                                      for v in verdicts if v["verdict"] != "ok"))
+    code = max(v["exit_code"] for v in verdicts)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("diff")
@@ -113,12 +137,13 @@ def diff_cmd(
     for p in (a, b):
         try:
             profiles.append(_profile(p, join=join, salvage=salvage, popts=popts, what="diff"))
-            outcomes.append(Outcome(str(p), 0, _summary(profiles[-1])))
+            outcomes.append(Outcome(str(p), 0, _summary(*profiles[-1])))
         except KvconvError as e:
             if not as_json:
                 raise
             outcomes.append(Outcome(str(p), e.exit_code, error=e))
-    res = diff.compare(*profiles, options=opts) if len(profiles) == 2 else None
+    res = (diff.compare(profiles[0][1], profiles[1][1], options=opts, verdicts=(profiles[0][0], profiles[1][0]))
+           if len(profiles) == 2 else None)
     code = max([o.exit for o in outcomes] + [res["exit"] if res else 0])
     if as_json:
         env = envelope("diff", outcomes, diff=res)
@@ -130,8 +155,8 @@ def diff_cmd(
     raise typer.Exit(code)
 
 
-def _summary(p) -> dict:
-    """What a dump's entry of the diff envelope says of it: its agreement, per context."""
-    return {"size": p.size, "ok": p.ok, "contexts": [
+def _summary(v: dict, p) -> dict:
+    """What a dump's entry of the diff envelope says of it: its verdict, and its agreement per context."""
+    return {"size": v["size"], "ok": p.ok if p is not None else False, "verdict": v["verdict"], "contexts": [
         {"context_id": c["context_id"], "device_id": c["device_id"], "agreement": c["agreement"]["line"],
-         "graph_execs": len(c["graph_execs"])} for c in p.reconcile["contexts"]]}
+         "graph_execs": len(c["graph_execs"])} for c in (p.reconcile["contexts"] if p is not None else [])]}

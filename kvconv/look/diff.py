@@ -16,7 +16,10 @@ Checks (each ``{"check", "where", "a", "b", "exceeds", "note"}``):
   (relative to A) *and* beyond ``noise_factor`` times the noise seen within the runs (the larger median absolute
   deviation of A's and B's values, scaled to a standard deviation);
 * losses: drops, missing and extra blocks, canary pages (an increase beyond ``max_drops`` / 0 exceeds);
-* findings: codes that appear (error or warning: exceeds) or disappear (never exceeds).
+* findings: codes that appear (error or warning: exceeds) or disappear (never exceeds);
+* the verdict (kvconv validate's one verdict of each dump, :mod:`kvconv.check.verdict`): B's worse than A's exceeds;
+  and the incidents: one of B's (its cause, the dump's path aside) that A has not exceeds, one that disappears does
+  not. Where a dump's records are damaged (no profile), only these are compared.
 
 Exit status: 0 when no check exceeds, 1 otherwise (2: a dump cannot be read, from the CLI).
 """
@@ -202,14 +205,37 @@ def _canary(pa, pb) -> list[dict]:
                    sb.get(k, 0) > sa.get(k, 0)) for k in ("unexpected_pages", "missing_pages")]
 
 
-def compare(pa, pb, *, options: DiffOptions = DiffOptions()) -> dict:
-    """Every check of B against A (profiles of :mod:`kvconv.look.profile`), the thresholds and the exit status."""
-    checks = [_check("contexts", "dump", len(pa.contexts), len(pb.contexts), len(pa.contexts) != len(pb.contexts))]
-    for ca, cb, ra, rb in zip(pa.contexts, pb.contexts, pa.reconcile["contexts"], pb.reconcile["contexts"]):
-        checks += _context(ca, cb, ra, rb, options)
-    checks += _canary(pa, pb) + _findings(pa, pb)
+# how bad a verdict is, for "B's verdict is worse than A's" (schemas/codes.json verdicts)
+_RANK = {"ok": 0, "incomplete": 1, "nothing-checked": 2, "failed": 3, "unreadable": 4}
+
+
+def _verdicts(va: dict, vb: dict) -> list[dict]:
+    def keys(v):
+        return Counter(f"{i['code']}: {i['message'].replace(v['path'], '')}" for i in v["incidents"]
+                       if i["severity"] == "error")
+
+    out = [_check("verdict", "dump", va["verdict"], vb["verdict"], _RANK[vb["verdict"]] > _RANK[va["verdict"]])]
+    ka, kb = keys(va), keys(vb)
+    new, gone = list(kb - ka), list(ka - kb)  # in the dumps' order
+    out.append(_check("incidents", "dump", sum(ka.values()), sum(kb.values()), bool(new),
+                      (f"{len(new)} new in B: {new[0]}" + (f"; and {len(new) - 1} more" if len(new) > 1 else "")
+                       if new else "") + ("; " if new and gone else "") + (f"{len(gone)} of A's gone" if gone else "")))
+    return out
+
+
+def compare(pa, pb, *, options: DiffOptions = DiffOptions(), verdicts: tuple[dict, dict] | None = None) -> dict:
+    """Every check of B against A (profiles of :mod:`kvconv.look.profile`; None where a dump's records are damaged),
+    the thresholds and the exit status. ``verdicts``: each dump's kvconv validate report (``Report.to_dict()``)."""
+    checks = _verdicts(*verdicts) if verdicts is not None else []
+    if pa is not None and pb is not None:
+        checks.append(_check("contexts", "dump", len(pa.contexts), len(pb.contexts),
+                             len(pa.contexts) != len(pb.contexts)))
+        for ca, cb, ra, rb in zip(pa.contexts, pb.contexts, pa.reconcile["contexts"], pb.reconcile["contexts"]):
+            checks += _context(ca, cb, ra, rb, options)
+        checks += _canary(pa, pb) + _findings(pa, pb)
     n = sum(c["exceeds"] for c in checks)
-    return {"a": pa.path, "b": pb.path, "thresholds": asdict(options), "checks": checks, "exceeding": n,
+    a, b = (p.path if p is not None else verdicts[i]["path"] for i, p in enumerate((pa, pb)))
+    return {"a": a, "b": b, "thresholds": asdict(options), "checks": checks, "exceeding": n,
             "exit": 1 if n else 0}
 
 

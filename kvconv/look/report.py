@@ -9,8 +9,9 @@ fetch) from the profiles of one or more dumps (:mod:`kvconv.look.profile`).
     (True, 6)
 
 Sections: for several dumps, one row per dump and context (GPU / rank) and the cross-dump replay skew
-(:mod:`kvconv.check.skew`); then per dump the agreement headline, the counts, the findings with their codes' meaning
-and advice (``schemas/codes.json``), and the plots. Every plot is a ``<figure class="plot">`` (the browser test
+(:mod:`kvconv.check.skew`); then per dump its one verdict (kvconv validate's, :mod:`kvconv.check.verdict`) and its
+incidents (findings of one cause on one line), the agreement headline, the counts, the findings with their codes'
+meaning and advice (``schemas/codes.json``), and the plots. Every plot is a ``<figure class="plot">`` (the browser test
 finds them there). Sizes: a plot has a bounded number of marks, the findings list at most ``MAX_FINDINGS`` lines.
 """
 
@@ -72,8 +73,11 @@ class _Doc:
                  + "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows) + "</table>")
 
 
-def page(profiles: list, *, cross: dict | None = None, title: str = "kvconv report") -> Page:
-    """The HTML page of ``profiles`` (one per dump, in order); ``cross``: kvconv.check.skew.cross_dump of them."""
+def page(profiles: list, *, cross: dict | None = None, title: str = "kvconv report",
+         verdicts: list[dict] | None = None) -> Page:
+    """The HTML page of ``profiles`` (one per dump, in order; None where a dump's records are damaged);
+    ``cross``: kvconv.check.skew.cross_dump of them; ``verdicts``: each dump's kvconv validate report
+    (``Report.to_dict()``: its verdict, incidents and every finding)."""
     from kvconv import __version__
 
     doc = _Doc()
@@ -81,11 +85,13 @@ def page(profiles: list, *, cross: dict | None = None, title: str = "kvconv repo
             '<meta name="viewport" content="width=device-width,initial-scale=1">',
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
             f"<h1>{_e(title)}</h1><p class=\"sub\">kvconv {_e(__version__)}: "
-            + ", ".join(f"<code>{_e(p.path)}</code> ({p.size:,} bytes)" for p in profiles) + "</p>")
+            + ", ".join(f"<code>{_e(v['path'] if p is None else p.path)}</code> "
+                        f"({(v['size'] if p is None else p.size):,} bytes)"
+                        for p, v in zip(profiles, verdicts or [None] * len(profiles))) + "</p>")
     if len(profiles) > 1:
-        _ranks(doc, profiles, cross)
-    for p in profiles:
-        _dump(doc, p, several=len(profiles) > 1)
+        _ranks(doc, [p for p in profiles if p is not None], cross)
+    for p, v in zip(profiles, verdicts or [None] * len(profiles)):
+        _dump(doc, p, several=len(profiles) > 1, verdict=v)
     doc.add("</body></html>\n")
     return Page(html="\n".join(doc.parts), plots=doc.plots)
 
@@ -126,9 +132,42 @@ def _ranks(doc: _Doc, profiles: list, cross: dict | None) -> None:
                    for j, (st, sl, b) in enumerate(zip(e["skew_ns"], e["last_node_skew_ns"], e["bound_ns"]), 1)])
 
 
-def _dump(doc: _Doc, p, *, several: bool) -> None:
+_VERDICT = {"ok": ("ok", "ok: every check ran and found no error"),
+            "failed": ("bad", "FAILED: evidence of a fault"),
+            "incomplete": ("warn", "INCOMPLETE: the producer died or was killed; what it published is consistent"),
+            "nothing-checked": ("warn", "NOTHING CHECKED: no target launch traced and no canary step recorded"),
+            "unreadable": ("bad", "UNREADABLE")}
+
+
+def _verdict(doc: _Doc, v: dict) -> None:
+    """The dump's one verdict and its incidents (request, step, slot, caches where the cause names them)."""
+    cls, text = _VERDICT[v["verdict"]]
+    doc.add(f'<div class="agree {cls}" data-verdict="{_e(v["verdict"])}">verdict: {_e(text)} '
+            f'({v["errors"]:,} errors, {v["warnings"]:,} warnings; exit {v["exit_code"]})</div>')
+    inc = v["incidents"]
+    doc.add(f"<h3>Incidents ({len(inc):,})</h3>")
+    if not inc:
+        doc.add("<p>none</p>")
+        return
+    rows = [[i["severity"], i["code"], int(i["findings"]), i["message"].replace(v["path"] + ": ", "")]
+            for i in inc[:MAX_FINDINGS]]
+    doc.table(["severity", "code", "findings", "incident"], rows)
+    if len(inc) > MAX_FINDINGS:
+        doc.add(f"<p>{len(inc) - MAX_FINDINGS:,} more incidents not listed</p>")
+
+
+def _dump(doc: _Doc, p, *, several: bool, verdict: dict | None = None) -> None:
+    name = Path(p.path if p is not None else verdict["path"]).name
+    if verdict is not None:
+        doc.add(f"<h2>{_e(name)}</h2>" if several else "<h2>Verdict</h2>")
+        _verdict(doc, verdict)
+        if p is None:  # damaged records: the verdict and the findings are all there is
+            _findings(doc, verdict["findings"])
+            return
+        doc.add("<h3>Agreement</h3>")
+    else:
+        doc.add(f"<h2>{_e(name)}</h2>" if several else "<h2>Agreement</h2>")
     rep = p.reconcile
-    doc.add(f"<h2>{_e(Path(p.path).name)}</h2>" if several else "<h2>Agreement</h2>")
     for c in rep["contexts"]:
         ag = c["agreement"]
         cls = "ok" if ag["agree"] else "bad"
@@ -137,7 +176,8 @@ def _dump(doc: _Doc, p, *, several: bool) -> None:
     if not rep["contexts"]:
         doc.add('<div class="agree warn">no host launch record and no device event: nothing to reconcile</div>')
     _counts(doc, rep)
-    findings = rep["findings"] + ((p.canary or {}).get("findings") or [])
+    findings = (verdict["findings"] if verdict is not None
+                else rep["findings"] + ((p.canary or {}).get("findings") or []))
     _findings(doc, findings)
     for cv, c in zip(p.contexts, rep["contexts"]):
         _context_plots(doc, cv, c)
