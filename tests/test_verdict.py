@@ -231,3 +231,15 @@ def test_record_of_nothing_exits_nothing_checked(tmp_path):
     assert r.returncode == _table()["nothing-checked"] == 4, r.stdout + r.stderr
     assert f"{out}: NOTHING CHECKED" in r.stdout
     assert "no kernel matched 'index_copy_kernel_implX'" in r.stdout
+
+
+def test_mistyped_pattern_on_the_h200_is_nothing_checked(tmp_path):
+    """fixtures/h200-typo-pattern: -k reshape_and_cache_flash_kernelX on a real run (0 target launches, 0 patched
+    modules): validate, report and diff say nothing-checked, never valid (all three exited 0 before)."""
+    p = FIXTURES / "h200-typo-pattern" / "typo-pattern.kvdump"
+    r = run_cli("validate", p)
+    assert r.returncode == 4 and "no kernel matched 'reshape_and_cache_flash_kernelX'" in r.stdout, r.stdout
+    assert run_cli("report", "-q", p, "-o", tmp_path / "r.html").returncode == 4
+    assert 'data-verdict="nothing-checked"' in (tmp_path / "r.html").read_text()
+    d = run_cli("diff", "-q", FIXTURES / "h200-single" / "single.kvdump", p)
+    assert d.returncode == 1 and "! dump: verdict: ok -> nothing-checked" in d.stdout
