@@ -1,4 +1,5 @@
-"""Shared test plumbing: the real CLI as a subprocess, the --update-goldens switch, and GPU skipping."""
+"""Shared test plumbing: the real CLI as a subprocess, the --update-goldens switch, GPU skipping, the tiers (``slow``
+tests run with ``--slow`` only), Perfetto's trace processor binary, and the check that the suite leaves < 100 MB."""
 
 from __future__ import annotations
 
@@ -14,6 +15,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+LEFTOVER_LIMIT = 100 * 2**20  # what the suite may leave in pytest's base temp folder (issue 30)
+LEFTOVER_KEY = pytest.StashKey[int]()
+
+
+def trace_processor_bin() -> str | None:
+    """Perfetto's trace_processor_shell: $KVCONV_TRACE_PROCESSOR, else ``../shared/tools/trace_processor_shell`` beside
+    the checkout (where CI's fresh clone finds it), else None (tests that need it skip)."""
+    env = os.environ.get("KVCONV_TRACE_PROCESSOR")
+    if env:
+        return env
+    shared = ROOT.parent / "shared" / "tools" / "trace_processor_shell"
+    return str(shared) if os.access(shared, os.X_OK) else None
+
+
+NO_TRACE_PROCESSOR = ("no trace_processor binary: set KVCONV_TRACE_PROCESSOR=/path/to/trace_processor_shell or put it "
+                      "at ../shared/tools/ (no package on PyPI or Debian ships one, and the perfetto package's "
+                      "download needs the internet)")
 
 
 def load_script(path: Path, name: str | None = None):
@@ -32,6 +50,9 @@ def load_script(path: Path, name: str | None = None):
 def pytest_addoption(parser):
     parser.addoption("--update-goldens", action="store_true", default=False,
                      help="rewrite the expected outputs of the golden cases under fixtures/ instead of comparing")
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the slow tier (tests marked slow: scale, memory bounds, fuzz, packaging, browser, "
+                          "native builds); without it they are deselected")
 
 
 @pytest.fixture
@@ -45,12 +66,55 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        slow = [i for i in items if "slow" in i.keywords]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if "slow" not in i.keywords]
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The suite's leftovers: at the end of the session (before pytest removes its base temp folder, which it does only
+    when every test passed: tmp_path_retention_policy = "failed"), everything still in the base temp folder (module
+    fixtures' folders, failed tests' folders) must stay under LEFTOVER_LIMIT, so even a failing run leaves < 100 MB:
+    big dumps go in folders their fixture or test removes. Over the limit the session fails (exit 1), naming the
+    biggest folders."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    base = getattr(factory, "_basetemp", None)
+    if base is None or not Path(base).is_dir():
+        return
+    size = _size(Path(base))
+    session.config.stash[LEFTOVER_KEY] = size
+    if size < LEFTOVER_LIMIT:
+        return
+    big = sorted(((_size(p), p.name) for p in Path(base).iterdir() if p.is_dir()), reverse=True)[:5]
+    msg = (f"ERROR: the suite left {size / 2**20:.1f} MiB in {base} (limit {LEFTOVER_LIMIT / 2**20:.0f} MiB): "
+           + ", ".join(f"{n} {b / 2**20:.1f} MiB" for b, n in big))
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(msg, red=True)
+    else:
+        print(msg, file=sys.stderr)
+    if session.exitstatus in (0, 5):
+        session.exitstatus = 1
 
 
 @dataclass

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from conftest import ROOT, load_script
 
 fuzz = load_script(ROOT / "tools" / "fuzz.py")
+pytestmark = pytest.mark.slow  # the slow tier (issue 30): a few hundred damaged dumps through every command
 
 EXAMPLES = int(os.environ.get("KVCONV_FUZZ_EXAMPLES", "40"))
 

@@ -2,28 +2,27 @@
 slices, flows, incremental state, clocks, sorting windows), and each rule catches a trace damaged on purpose.
 
 Traces: the Qwen3-14B demo, every H200 capture under fixtures/h200-*/ that converts, and the two-GPU merge of
-fixtures/h200-tp2, each written through the real CLI. Where a trace_processor binary is named by
-KVCONV_TRACE_PROCESSOR (no PyPI or Debian package ships one; the perfetto package downloads it, which CI cannot), each
+fixtures/h200-tp2, each written through the real CLI. Where a trace_processor binary is at hand (KVCONV_TRACE_PROCESSOR,
+or ../shared/tools/trace_processor_shell beside the checkout, as in CI: conftest.trace_processor_bin), each
 trace is also loaded into it: no error or data-loss stats, and slice / flow counts and the first slice's time equal
 what the rules' own walk of the packets finds; the queries of docs/QUERIES.md run there too.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto_rules import T_BEGIN, T_COUNTER, T_END, T_INSTANT, problems, walk
 
-from conftest import ROOT, run_cli
+from conftest import NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor_bin
 
 CASES = {"qwen3-14b": ["fixtures/qwen3-14b/qwen3-14b.kvdump"],
          "h200-tp2 merged": ["fixtures/h200-tp2/rank0.kvdump", "fixtures/h200-tp2/rank1.kvdump"]}
 CASES.update({f"{p.parent.name}/{p.name}": [str(p.relative_to(ROOT))]
               for p in sorted(ROOT.glob("fixtures/h200-*/*.kvdump"))})
-TRACE_PROCESSOR = os.environ.get("KVCONV_TRACE_PROCESSOR")
+TRACE_PROCESSOR = trace_processor_bin()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +51,8 @@ def load(path: Path) -> pb.Trace:
 def test_every_trace_keeps_the_rules(traces, case):
     t = load(traces(case))
     w = walk(t)
-    assert len(w.events) > 100 and w.tracks  # a trace with events in it, not an empty pass
+    if case != "h200-typo-pattern/typo-pattern.kvdump":  # a capture whose pattern matched no kernel: metadata only
+        assert len(w.events) > 100 and w.tracks  # a trace with events in it, not an empty pass
     assert problems(t) == {}
 
 
@@ -187,8 +187,7 @@ def test_order_rule(real):
 
 def _trace_processor(path: Path):
     if not TRACE_PROCESSOR:
-        pytest.skip("no trace_processor binary: set KVCONV_TRACE_PROCESSOR=/path/to/trace_processor_shell (no "
-                    "package on PyPI or Debian ships one, and the perfetto package's download needs the internet)")
+        pytest.skip(NO_TRACE_PROCESSOR)
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
     return TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=TRACE_PROCESSOR))
@@ -211,6 +210,7 @@ def test_trace_processor_imports_cleanly(traces, case):
         assert int(got.n) == len(slices)
         assert int(got.f) == len(flows)
         assert int(got.t) == len({e.track for e in slices})
-        assert int(got.ts) == min(e.ts for e in slices)
+        if slices:  # h200-typo-pattern: no slice at all (min(ts) is null)
+            assert int(got.ts) == min(e.ts for e in slices)
     finally:
         tp.close()

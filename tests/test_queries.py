@@ -1,16 +1,16 @@
 """docs/QUERIES.md, run: each DuckDB query on the Qwen3-14B demo's Parquet tables (written through the real CLI) gives
 the table printed under it; each Perfetto SQL query gives the same table in trace processor, where
-KVCONV_TRACE_PROCESSOR names a binary (skipped elsewhere, with the reason)."""
+a binary is at hand (KVCONV_TRACE_PROCESSOR or ../shared/tools/trace_processor_shell; skipped elsewhere, with the
+reason)."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor_bin
 
 DOC = ROOT / "docs" / "QUERIES.md"
 DUMP = ROOT / "fixtures/qwen3-14b/qwen3-14b.kvdump"
@@ -63,10 +63,9 @@ def test_duckdb_on_the_arrow_tables(tables):
 
 
 def test_perfetto_sql_in_trace_processor(tmp_path):
-    binary = os.environ.get("KVCONV_TRACE_PROCESSOR")
+    binary = trace_processor_bin()
     if not binary:
-        pytest.skip("no trace_processor binary: set KVCONV_TRACE_PROCESSOR=/path/to/trace_processor_shell (no "
-                    "package on PyPI or Debian ships one, and the perfetto package's download needs the internet)")
+        pytest.skip(NO_TRACE_PROCESSOR)
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
     trace = tmp_path / "qwen3-14b.pftrace"

@@ -59,7 +59,14 @@ def cut_inside_record(src, dst):
     return k, whole, n - whole
 
 
-@pytest.fixture(params=FIXTURE_DUMPS, ids=IDS)
+# the fast tier cuts a sample (H200 captures with and without block exits, two contexts, write records); the slow
+# tier every fixture
+SAMPLE = {"h200-single/single", "synthetic-reconcile/two-contexts", "writes-stale-pad/writes-stale-pad",
+          "h200-enter-exit/enter-exit"}
+
+
+@pytest.fixture(params=[p if i in SAMPLE else pytest.param(p, marks=pytest.mark.slow)
+                        for p, i in zip(FIXTURE_DUMPS, IDS)], ids=IDS)
 def cut(request, tmp_path):
     src = request.param
     dst = tmp_path / f"cut-{src.name}"

@@ -6,6 +6,7 @@ after they were given back (or never gives them back) grows with the file and fa
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,9 +21,11 @@ SIZE = 384 << 20
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    p = tmp_path_factory.mktemp("scale") / "big.kvdump"
+    folder = tmp_path_factory.mktemp("scale")
+    p = folder / "big.kvdump"
     gen.write(p, gen.GenOptions(size_bytes=SIZE, seed=3))
-    return p
+    yield p
+    shutil.rmtree(folder, ignore_errors=True)  # 384 MiB: nothing left behind, even when a test failed
 
 
 # A forked child starts with its parent's resident high-water mark (Linux keeps it across exec): the command is
