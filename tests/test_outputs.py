@@ -72,23 +72,27 @@ def test_atomic_folder_success_and_failure(tmp_path):
     target = tmp_path / "tables"
     target.mkdir()
     (target / "old.txt").write_text("old")
+    for force in (False, True):  # not kvconv's own folder: kept, even with force
+        with pytest.raises(OutputError) as e:
+            with atomic_output(target, directory=True, force=force):
+                pass
+        assert e.value.code == "output-foreign" and "old.txt" in str(e.value)
+        assert sorted(os.listdir(target)) == ["old.txt"]
+    target = tmp_path / "tables2"
+    with atomic_output(target, directory=True, kind="arrow") as tmp:
+        (tmp / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
         with atomic_output(target, directory=True, force=True) as tmp:
             (tmp / "part.arrow").write_text("half")
             raise RuntimeError("the writer failed")
-    assert sorted(os.listdir(target)) == ["old.txt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tables"]
-    with pytest.raises(OutputError) as e:  # not kvconv's own folder: kept unless forced
-        with atomic_output(target, directory=True):
-            pass
-    assert e.value.code == "output-exists" and sorted(os.listdir(target)) == ["old.txt"]
-    with atomic_output(target, directory=True, force=True) as tmp:
+    assert sorted(os.listdir(target)) == [MARKER, "old.txt"]
+    with atomic_output(target, directory=True, force=True) as tmp:  # kvconv's own of another kind: with force
         (tmp / "new.txt").write_text("new")
     assert sorted(os.listdir(target)) == [MARKER, "new.txt"]
     with atomic_output(target, directory=True) as tmp:  # its own output of the same kind: replaced
         (tmp / "newer.txt").write_text("newer")
     assert sorted(os.listdir(target)) == [MARKER, "newer.txt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tables"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tables", "tables2"]
 
 
 def test_never_overwrites_an_input(tmp_path, monkeypatch):
@@ -257,11 +261,13 @@ def test_arrow_keeps_a_users_folder_and_replaces_only_its_own(tmp_path):
     before = _tree(tables)
     _one_error(run_cli("arrow", SMALL, "-o", tables))
     assert _tree(tables) == before
-    # --force (and nsys's --force-overwrite) replace it
+    # --force (and nsys's --force-overwrite) replace kvconv's own output only: a user's folder is kept even so
     for flag in ("--force", "--force-overwrite"):
-        (res / "notes.txt").write_text("x")
-        assert run_cli("arrow", SMALL, "-o", res, flag).returncode == 0
-        assert not (res / "notes.txt").exists() and (res / "device_event").is_dir()
+        _one_error(run_cli("arrow", SMALL, "-o", res, flag))
+        assert _tree(res) == {"notes.txt": hashlib.sha256(b"x").hexdigest()}
+        (tables / "matches" / "mine.txt").unlink(missing_ok=True)
+        assert run_cli("arrow", SMALL, "-o", tables, flag).returncode == 0
+        assert (tables / "device_event").is_dir()
 
 
 @pytest.mark.parametrize("emitter", ["perfetto", "chrome"])

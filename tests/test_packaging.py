@@ -25,10 +25,12 @@ def test_demo_writes_the_committed_fixture_from_the_packaged_generator(tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "demo" / "qwen3-14b.kvdump").read_bytes() == QWEN.read_bytes()
     assert "280 graph-node records = 280 expected executions = 280 device events, 0 drops" in r.stdout
-    # A rerun into the same folder replaces the demo's own outputs, and only those.
-    (tmp_path / "demo" / "notes.txt").write_text("mine")
+    # A rerun replaces the demo's own folder; one holding a file of the user's is refused, the file kept.
     r = run_cli("demo", "-o", tmp_path / "demo")
     assert r.returncode == 0, r.stdout + r.stderr
+    (tmp_path / "demo" / "notes.txt").write_text("mine")
+    r = run_cli("demo", "-o", tmp_path / "demo")
+    assert r.returncode == 1 and "notes.txt" in r.stderr, r.stdout + r.stderr
     assert (tmp_path / "demo" / "notes.txt").read_text() == "mine"
 
 

@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
 from kvconv.cli.common import (
     DUMPS,
+    FORCE,
     JSON,
     PROGRESS,
     QUIET,
@@ -176,30 +176,17 @@ def validate(
 @app.command()
 @renamed(out="--out")
 def demo(
-    out: Path = output_option("folder for the dump and its outputs", Path("kvconv-demo")),
+    out: Path = output_option("the demo's folder (created; replaced only when it is kvconv's own earlier demo)",
+                              Path("kvconv-demo")),
+    force: bool = FORCE,
 ) -> None:
     """Run the main job on the embedded Qwen3-14B fixture: write the dump (qwen3-14b.kvdump, from the generator
-    shipped in the package), then info, validate, reconcile, Perfetto and Chrome traces, Parquet tables. A rerun
-    replaces these qwen3-14b.* outputs and nothing else in the folder.
+    shipped in the package), then info, validate, reconcile, Perfetto and Chrome traces, Parquet tables, all into
+    one new folder (built beside it, in place once complete). A rerun replaces kvconv's own earlier demo; a folder
+    holding anything else is refused, even with --force.
 
     Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
     """
-    from kvconv import cli
-    from kvconv.demo import qwen3_14b
+    from kvconv.demo.run import run
 
-    out.mkdir(parents=True, exist_ok=True)
-    fixture = out / "qwen3-14b.kvdump"
-    qwen3_14b.write(fixture, qwen3_14b.build())
-    sys.stdout.write(f"wrote {fixture} ({fixture.stat().st_size:,} bytes: the Qwen3-14B run reconstructed from "
-                     "its published figures)\n")
-    steps = [["info", str(fixture)], ["validate", str(fixture)], ["reconcile", str(fixture)],
-             ["perfetto", str(fixture), "-o", str(out / "qwen3-14b.pftrace"), "--force"],
-             ["chrome", str(fixture), "-o", str(out / "qwen3-14b.json"), "--force"],
-             ["arrow", str(fixture), "-o", str(out / "qwen3-14b-parquet"), "--format", "parquet"]]
-    worst = 0
-    for step in steps:
-        sys.stdout.write(f"\n$ kvconv {' '.join(step)}\n")
-        sys.stdout.flush()
-        worst = max(worst, cli.main(step))
-    sys.stdout.write(f"\noutputs in {out}/: open qwen3-14b.pftrace in https://ui.perfetto.dev\n")
-    raise typer.Exit(worst)
+    raise typer.Exit(run(out, force=force))

@@ -75,7 +75,8 @@ _RECONCILE = typer.Option("auto", "--join", metavar="auto|exact|reconcile",
                                "when it matches every event, else reconcile's (up to 4,000,000 events)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
 
-_DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...")
+_DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...",
+                        readable=False)  # each unreadable dump is reported by the command, not by click
 
 
 _MERGE = typer.Option(None, "--merge", metavar="TORCH_TRACE.json", help="put kvconv's tracks into this "
