@@ -274,3 +274,16 @@ def test_an_unreadable_input_is_reported_with_the_others(cmd):
             assert doc["dumps"][1]["exit"] == 2
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_piped_empty_input_says_empty_input(tmp_path):
+    # Before: "empty file (the producer wrote nothing)", about a pipe nothing was written into.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "kvconv", "validate", "/dev/stdin"], input=b"", env=env,
+                       capture_output=True, timeout=120)
+    err = p.stderr.decode()
+    assert p.returncode == 2 and err.count("\n") == 1 and "empty input" in err and "piped" in err, err
+    empty = tmp_path / "empty.kvdump"
+    empty.write_bytes(b"")
+    r = run_cli("validate", empty)
+    assert r.returncode == 2 and "empty file" in r.stderr, r.stderr

@@ -17,6 +17,7 @@ import builtins
 import json
 import mmap
 import os
+import stat
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -305,8 +306,10 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     d = Dump(path=path, size=size, groups=[], _mm=mm, _file=f)
     s = _Scan(d=d, buf=mm if mm is not None else b"", options=options)
     if size == 0:
-        s.problem("error", "empty file", 0, "header", group=None, code="truncated-header",
-                  hint="the producer wrote nothing")
+        piped = not stat.S_ISREG(os.stat(path).st_mode) if os.path.exists(path) else False
+        s.problem("error", "empty input" if piped else "empty file", 0, "header", group=None, code="truncated-header",
+                  hint="nothing was piped in: pipe a kvconv dump, or name the file" if piped
+                  else "the producer wrote nothing")
         return d
     pos: int | None = 0
     index = 0
