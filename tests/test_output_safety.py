@@ -249,7 +249,7 @@ def test_two_writers_at_once(big, tmp_path):
 # ---- several inputs, one unreadable ----------------------------------------------------------------------------
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop to nobody")
-@pytest.mark.parametrize("cmd", ["info", "validate", "reconcile", "perfetto", "report"])
+@pytest.mark.parametrize("cmd", ["info", "validate", "reconcile", "perfetto", "report", "canary", "diff"])
 def test_an_unreadable_input_is_reported_with_the_others(cmd):
     # Before: typer's readable check on DUMPS stopped the run with click's usage text; the readable dump was not
     # reported and --json printed nothing. (Root reads any file, so the run drops to nobody.)
@@ -261,8 +261,8 @@ def test_an_unreadable_input_is_reported_with_the_others(cmd):
         shutil.copy(SMALL, b)
         os.chmod(a, 0o644)
         os.chmod(b, 0o000)
-        argv = [cmd, "a.kvdump", "b.kvdump"]
-        argv += ["-o", "out"] if cmd in ("perfetto", "report") else ["--json"]
+        argv = [cmd, "b.kvdump"] if cmd == "canary" else [cmd, "a.kvdump", "b.kvdump"]
+        argv += ["-o", "out"] if cmd in ("perfetto", "report") else [] if cmd == "diff" else ["--json"]
         env = dict(os.environ, PYTHONPATH=str(ROOT), KVCONV_PROGRESS_INTERVAL="3600")
         p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
                             "kvconv", *argv], cwd=d, env=env, capture_output=True, text=True, timeout=120)
@@ -270,8 +270,9 @@ def test_an_unreadable_input_is_reported_with_the_others(cmd):
         assert "Usage:" not in p.stderr and "b.kvdump" in p.stderr and "Permission denied" in p.stderr, p.stderr
         if "--json" in argv:
             doc = json.loads(p.stdout)
-            assert [x["path"] for x in doc["dumps"]] == ["a.kvdump", "b.kvdump"] and doc["exit"] == 2
-            assert doc["dumps"][1]["exit"] == 2
+            paths = ["b.kvdump"] if cmd == "canary" else ["a.kvdump", "b.kvdump"]
+            assert [x["path"] for x in doc["dumps"]] == paths and doc["exit"] == 2
+            assert doc["dumps"][-1]["exit"] == 2
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -22,7 +22,7 @@ _LAST_LINE = {"ok": "ok", "failed": "FAILED",
 
 @app.command("canary")
 def canary_cmd(
-    dump_path: Path = typer.Argument(..., metavar="DUMP", help="a kvconv dump holding canary records"),
+    dump_path: Path = typer.Argument(..., metavar="DUMP", readable=False, help="a kvconv dump holding canary records"),
     as_json: bool = JSON,
     all_steps: bool = typer.Option(False, "--all", help="list every step and buffer, not only those with findings"),
     no_missing: bool = typer.Option(False, "--no-missing",

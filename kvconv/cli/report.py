@@ -101,8 +101,8 @@ def report_cmd(
 
 @app.command("diff")
 def diff_cmd(
-    a: Path = typer.Argument(..., metavar="A", help="the reference run's dump"),
-    b: Path = typer.Argument(..., metavar="B", help="the dump compared with it"),
+    a: Path = typer.Argument(..., metavar="A", readable=False, help="the reference run's dump"),
+    b: Path = typer.Argument(..., metavar="B", readable=False, help="the dump compared with it"),
     as_json: bool = JSON,
     max_median_change: float = typer.Option(0.10, "--max-median-change", metavar="FRACTION",
                                             help="relative change of a median (span, node) that counts, when also "
