@@ -243,3 +243,5 @@ def test_mistyped_pattern_on_the_h200_is_nothing_checked(tmp_path):
     assert 'data-verdict="nothing-checked"' in (tmp_path / "r.html").read_text()
     d = run_cli("diff", "-q", FIXTURES / "h200-single" / "single.kvdump", p)
     assert d.returncode == 1 and "! dump: verdict: ok -> nothing-checked" in d.stdout
+    rc = run_cli("reconcile", p)  # 0 = 0 = 0 agrees trivially: was 'ok', exit 0
+    assert rc.returncode == 4 and "coverage-none" in rc.stdout and "NOTHING CHECKED" in rc.stdout, rc.stdout

@@ -6,7 +6,8 @@ events.
       280 graph-node records = 280 expected executions = 280 device events, 0 drops
 
 Exit status: 0 when everything agrees, 1 when the reconciler reports an error (missing, extra or duplicated blocks,
-unmatched events, duplicated host records), 2 when a dump cannot be read or the options do not fit. Blocks of
+unmatched events, duplicated host records), 2 when a dump cannot be read or the options do not fit, 4 when the dump
+traced nothing (0 target launches or 0 patched modules: ``coverage-none``, as validate says). Blocks of
 launches that ran before coverage began (ordered join, 0 device drops: code coverage-late) are a warning unless
 --strict-coverage.
 --json prints the envelope every command prints (schemas/cli.schema.json); each dump's result follows
@@ -47,7 +48,7 @@ def reconcile_cmd(
 
     Example: kvconv reconcile run.kvdump --json
     """
-    from kvconv.check import reconcile, skew
+    from kvconv.check import reconcile, skew, verdict
     from kvconv.cli.common import Outcome, each, finish
     from kvconv.format import dump
     from kvconv.progress import Progress, ProgressOptions
@@ -55,22 +56,34 @@ def reconcile_cmd(
 
     opts = reconcile.ReconcileOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    results, reports = [], []
+    results, reports, nothing = [], [], []
 
     def one(p) -> Outcome:
         with dump.open(p, options=dump.ReadOptions(salvage=salvage)) as d:
             # the report only (no per-event table): memory bounded by the host records
             with Progress(f"reconcile {Path(p).name}", total=0, size_bytes=d.size, options=popts) as bar:
                 r = reconcile.reconcile(d, options=opts, tables=False, progress=bar.update)
+            # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
+            cov = verdict.coverage(d, canary_steps=0, write_steps=0)
+        rep = r.to_dict()
+        lines = r.lines() + [f.line() for f in r.findings]
+        code = 0 if r.ok else 1
+        if cov is not None:
+            rep["findings"].append(cov.to_dict())
+            rep["summary"]["warning"] += 1
+            lines.append(cov.line())
+            nothing.append(p)
+            code = max(code, verdict.EXIT_CODES["nothing-checked"]) if code == 0 else code
         results.append(r)
-        reports.append((p, r.to_dict()))
-        return Outcome(r.path, 0 if r.ok else 1, reports[-1][1],
-                       text="\n".join(r.lines() + [f.line() for f in r.findings]))
+        reports.append((p, rep))
+        return Outcome(r.path, code, rep, text="\n".join(lines))
 
     outcomes = each(dump_paths, one)
     cross = skew.cross_dump([p for p, _ in reports], [r for _, r in reports])
     unreadable = sum(o.error is not None for o in outcomes)
     status = reconcile.status_line(results) if results else ""
+    if nothing and status == "ok":
+        status = f"NOTHING CHECKED ({counted(len(nothing), 'dump')} with no target launch)"
     if unreadable:  # every input reported: the status names the ones that could not be read
         status = f"FAILED ({counted(unreadable, 'dump')} unreadable" + (
             f"; the others: {status}" if status else "") + ")"
