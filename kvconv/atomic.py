@@ -263,6 +263,8 @@ def atomic_output(
         parent = target.parent if str(target.parent) else Path(".")
         remove_stale(parent, target.name)
         prefix = f".{target.name}.tmp-{os.getpid()}-"
+        # registered before the temporary exists: a signal between its creation and _ACTIVE.append still finds it
+        _PREFIXES.append((parent, prefix))
         try:
             if directory:
                 tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
@@ -271,9 +273,11 @@ def atomic_output(
                 os.close(fd)
                 tmp = Path(name)
         except OSError as e:
+            _PREFIXES.remove((parent, prefix))
             raise OutputError(f"cannot create output: {e.strerror}", path=str(target),
                               code="output-unwritable") from None
         _ACTIVE.append(tmp)
+        _PREFIXES.remove((parent, prefix))
         try:
             yield tmp
             # again, just before the rename: something may have appeared there while the output was written
@@ -343,10 +347,11 @@ def _rename_folder(tmp: Path, target: Path, *, kind: str, force: bool) -> None:
 
 _HANDLED = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
 _ACTIVE: list[Path] = []  # the temporary outputs being written now (innermost last)
+_PREFIXES: list[tuple[Path, str]] = []  # (folder, name prefix) of a temporary being created right now
 
 
 def _remove(p: Path) -> None:
-    for _ in range(5):  # a writer thread may still add a file while the folder goes
+    for _ in range(50):  # a writer thread may still add a file while the folder goes (never the folder itself)
         if not os.path.lexists(p):
             return
         if p.is_dir() and not p.is_symlink():
@@ -365,6 +370,11 @@ def _on_signal(signum, frame) -> None:
             signal.signal(s, signal.SIG_IGN)  # a second one while cleaning up: the cleanup runs to its end
     for p in reversed(list(_ACTIVE)):
         _remove(p)
+    for parent, prefix in list(_PREFIXES):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(parent):
+                if name.startswith(prefix):
+                    _remove(parent / name)
     with contextlib.suppress(OSError):  # unbuffered: safe wherever the signal arrived
         os.write(2, f"Error: terminated by {signal.Signals(signum).name}: the unfinished output is removed\n"
                  .encode())

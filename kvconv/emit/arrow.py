@@ -113,8 +113,10 @@ def _schema(pa, dtype: np.dtype, extra: list, meta: dict):
 
 
 class _Sink:
-    def __init__(self, pa, path: Path, schema, options: EmitOptions) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, pa, root: Path, path: Path, schema, options: EmitOptions) -> None:
+        # the folders below root, one at a time: a root removed meanwhile (a signal's cleanup) is not made again
+        for d in reversed(path.relative_to(root).parents[:-1]):
+            (root / d).mkdir(exist_ok=True)
         self.pa, self.schema, self.path = pa, schema, path
         if options.arrow_format == "parquet":
             import pyarrow.parquet as pq
@@ -185,7 +187,7 @@ def _sinks(pa, c, root: Path, ext: str, options: EmitOptions, res: EmitResult):
         else:
             schema = _schema(pa, dtype, list(extra), meta)
         path = root / table / f"run={c.run}" / f"device={c.device_id}" / f"part-ctx{ctx}.{ext}"
-        return _Sink(pa, path, schema, options)
+        return _Sink(pa, root, path, schema, options)
 
     return sink
 
