@@ -9,7 +9,8 @@ A *case* is one command run on one mutated dump. Every mutated dump is run throu
 (discovered from the typer app: info, validate, reconcile, canary, perfetto, chrome, arrow, whichever exist), with
 random ``--json`` / ``--salvage`` flags and, for the emitters, ``-o`` into an empty folder. A case passes when:
 
-- the exit code is 0, 1 or 2 (3 is kvconv's "internal error": a bug), and no traceback is printed;
+- the exit code is one of the verdict table's (0, 1, 2, 4, 5; 3 is kvconv's "internal error": a bug), and no
+  traceback is printed;
 - a failing run (exit 2, or exit 1 with nothing on stdout) says why in an ``Error: ...`` line on stderr, and every
   stderr line is one ``Error: ...`` / ``Warning: ...`` line;
 - a failing run leaves the output folder empty (no output, no temporary names); a successful one leaves exactly its
@@ -707,6 +708,13 @@ def _digest(p: str) -> str | None:
         return None
 
 
+def _verdict_exits() -> frozenset:
+    from kvconv.check.verdict import EXIT_CODES  # schemas/codes.json "verdicts": one table for every command
+
+    return frozenset(EXIT_CODES.values())
+
+
+_VERDICT_EXITS = _verdict_exits()
 CRASH_KINDS = ("internal-error", "bad-exit", "traceback", "timeout", "escaped", "worker-died")
 
 
@@ -720,7 +728,7 @@ def judge(cmd: Command, o: Outcome, size: int, *, inputs_changed=()) -> list[str
         p.append(f"escaped: {rc}")
     elif rc == 3:
         p.append("internal-error: exit 3: " + o.stderr.strip()[:400])
-    elif rc not in (0, 1, 2) and not (rc == 4 and cmd.name == "canary"):  # canary: 4 = nothing to check
+    elif rc not in _VERDICT_EXITS:  # the verdict table's: 0 ok, 1 failed, 2 unreadable, 4 nothing-checked, 5 incomplete
         p.append(f"bad-exit: exit {rc}: " + o.stderr.strip()[:200])
     if "Traceback (most recent call last)" in o.stderr or "Traceback (most recent call last)" in o.stdout:
         p.append("traceback: " + o.stderr.strip().splitlines()[-1][:200] if o.stderr.strip() else "traceback")
