@@ -14,7 +14,8 @@ random ``--json`` / ``--salvage`` flags and, for the emitters, ``-o`` into an em
 - a failing run (exit 2, or exit 1 with nothing on stdout) says why in an ``Error: ...`` line on stderr, and every
   stderr line is one ``Error: ...`` / ``Warning: ...`` line;
 - a failing run leaves the output folder empty (no output, no temporary names); a successful one leaves exactly its
-  output; the input file is never modified;
+  output; a command whose output renders the verdict (``report``) leaves exactly its output for every verdict
+  (exit 0, 1, 4, 5) and nothing when the dump is unreadable (2); the input file is never modified;
 - memory stays bounded by the file's size (python + numpy allocations traced with tracemalloc, and the worker's
   peak RSS), and the run ends within the time limit.
 
@@ -535,6 +536,7 @@ class Command:
     out_dir: bool = False  # the output is a folder (arrow)
     multi: bool = False  # takes several dumps
     extra: tuple[str, ...] = ()
+    renders_verdict: bool = False  # its output is the verdict itself (report): written for every verdict but unreadable
 
     def argv(self, inputs: list[str], outdir: str, *, json_: bool = False, salvage: bool = False) -> list[str]:
         a = [self.name, *inputs]
@@ -552,6 +554,9 @@ class Command:
 
 
 SKIP_COMMANDS = {"demo", "record"}
+# Commands whose output renders the verdict (an HTML report of a FAILED run is the point of the report): they write it
+# for every verdict (exit 0, 1, 4, 5) and write nothing when the dump is unreadable (2). The others write only on 0.
+VERDICT_RENDERERS = {"report"}
 
 
 def commands() -> list[Command]:
@@ -578,7 +583,8 @@ def commands() -> list[Command]:
             h = (opts[out_opt].help or "").lower()
             out_dir = name == "arrow" or "folder" in h or "directory" in h
         out.append(Command(name, json="--json" in opts, salvage="--salvage" in opts, out_opt=out_opt,
-                           out_dir=out_dir, multi=bool(a0.nargs == -1)))
+                           out_dir=out_dir, multi=bool(a0.nargs == -1),
+                           renders_verdict=name in VERDICT_RENDERERS))
     return out
 
 
@@ -754,11 +760,12 @@ def judge(cmd: Command, o: Outcome, size: int, *, inputs_changed=()) -> list[str
         p.append("memory: the command ran out of memory")
     if cmd.out_opt:
         target = os.path.basename(cmd.out_path("."))
-        if rc != 0 and o.leftovers:
+        wrote = {0, 1, 4, 5} if cmd.renders_verdict else {0}
+        if rc not in wrote and o.leftovers:
             p.append(f"leftover-output: exit {rc} left {o.leftovers[:5]}")
-        if rc == 0:
+        if rc in wrote:
             if target not in o.leftovers:
-                p.append("missing-output: exit 0 but no output")
+                p.append(f"missing-output: exit {rc} but no output")
             others = [x for x in o.leftovers if x != target and not x.startswith(target + os.sep)]
             if others:
                 p.append(f"leftover-output: temporaries beside the output: {others[:5]}")
