@@ -129,10 +129,23 @@ def main(argv: list[str] | None = None) -> int:
                 pass
 
 
+def _interrupted(e: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's chain (typer re-raises Ctrl-C as ``Exit(130)``)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def _main(argv: list[str] | None) -> int:
     try:
         rv = app(args=argv, prog_name="kvconv")
     except SystemExit as e:
+        if _interrupted(e):  # typer turns Ctrl-C into a silent exit 130: say it, as SIGTERM's handler does
+            err("Error: interrupted (SIGINT): the unfinished output is removed")
+            return 130
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KvconvError as e:
         err(f"Error: {e}")
@@ -145,7 +158,7 @@ def _main(argv: list[str] | None) -> int:
             pass
         return 1
     except KeyboardInterrupt:
-        err("Error: interrupted")
+        err("Error: interrupted (SIGINT): the unfinished output is removed")
         return 130
     except MemoryError:
         err("Error: out of memory (try a smaller --window or a machine with more memory)")

@@ -40,7 +40,8 @@ from kvconv.format.errors import KvconvError
 # readable=False: typer's Path check would stop the whole run at the first unreadable dump with click's usage text;
 # the command reports each dump instead (one error line each, the exit status the worst)
 DUMPS = typer.Argument(..., metavar="DUMP...", readable=False,
-                       help="kvconv dump file(s); each is reported, the exit status is the worst")
+                       help="kvconv dump file(s), '-' for standard input; each is reported, the exit status is the "
+                            "worst")
 JSON = typer.Option(False, "--json", help="print JSON for machines (one envelope for every command: docs/CLI.md)")
 SALVAGE = typer.Option(False, "--salvage", help="read a dump cut short up to its last whole record (the loss is "
                                                 "reported as lost to truncation)")

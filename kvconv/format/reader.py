@@ -18,6 +18,8 @@ import json
 import mmap
 import os
 import stat
+import sys
+import tempfile
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -251,16 +253,48 @@ def loads_metadata(raw: bytes):
     return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
 
 
-def _open_file(path: str):
-    """The file and its read-only map (None for an empty file); an unopenable path is a one-line FormatError."""
+STDIN = "-"  # an input named "-" is standard input
+_SPOOL_CHUNK = 1 << 20
+_stdin_copy: list = []  # the process's one copy of a piped standard input (it can be read only once)
+
+
+def _spool(src, path: str):
+    """A pipe's bytes in an unlinked temporary file (the map needs a file; memory stays one chunk; nothing is left
+    behind, even on a kill): the dump of ``kvconv validate -`` or ``... | kvconv info /dev/stdin``."""
+    tmp = tempfile.TemporaryFile(prefix="kvconv-stdin-")
     try:
-        f = builtins.open(path, "rb")
+        while chunk := src.read(_SPOOL_CHUNK):
+            tmp.write(chunk)
+        tmp.flush()
+    except OSError as e:
+        tmp.close()
+        raise FormatError(f"cannot read the input: {e.strerror}", path=path, code="unreadable") from None
+    return tmp
+
+
+def _open_file(path: str):
+    """The file, its size, its read-only map (None when empty) and whether it was piped (not a regular file: read
+    through a temporary copy); an unopenable path is a one-line FormatError."""
+    try:
+        f = os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == STDIN else builtins.open(path, "rb")
     except FileNotFoundError:
         raise FormatError("no such file", path=path, code="not-found", hint="check the path") from None
     except IsADirectoryError:
         raise FormatError("is a folder, not a dump file", path=path, code="not-a-file") from None
     except OSError as e:
         raise FormatError(f"cannot open: {e.strerror}", path=path, code="unreadable") from None
+    piped = not stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    if piped and path == STDIN and _stdin_copy:  # read again in this process (report, diff): the same bytes
+        f.close()
+        f, piped = os.fdopen(os.dup(_stdin_copy[0].fileno()), "rb"), True
+    elif piped:
+        spooled = _spool(f, path)
+        f.close()
+        if path == STDIN:  # standard input is read once per process; later opens of "-" share its copy
+            _stdin_copy.append(spooled)
+            f = os.fdopen(os.dup(spooled.fileno()), "rb")
+        else:
+            f = spooled
     size = os.fstat(f.fileno()).st_size
     mm = None
     if size:
@@ -269,7 +303,7 @@ def _open_file(path: str):
         except (OSError, ValueError) as e:
             f.close()
             raise FormatError(f"cannot map file: {e}", path=path, code="unreadable") from None
-    return f, size, mm
+    return f, size, mm, piped
 
 
 @dataclass
@@ -302,11 +336,10 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     ``options.verify_checksums``.
     """
     path = str(path)
-    f, size, mm = _open_file(path)
+    f, size, mm, piped = _open_file(path)
     d = Dump(path=path, size=size, groups=[], _mm=mm, _file=f)
     s = _Scan(d=d, buf=mm if mm is not None else b"", options=options)
     if size == 0:
-        piped = not stat.S_ISREG(os.stat(path).st_mode) if os.path.exists(path) else False
         s.problem("error", "empty input" if piped else "empty file", 0, "header", group=None, code="truncated-header",
                   hint="nothing was piped in: pipe a kvconv dump, or name the file" if piped
                   else "the producer wrote nothing")
