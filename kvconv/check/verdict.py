@@ -36,6 +36,7 @@ EXIT_CODES: dict[str, int] = {k: int(v["exit"]) for k, v in _TABLE.items()}
 # the codes folded into incidents built from the joins (all of their findings, named or counted)
 _WRITE_CODES = ("writes-unmapped-slot", "writes-missing-slot", "writes-outside-cache")
 _CANARY_CODES = ("canary-unexpected-write", "canary-missing-write")
+_VALUE_CODES = ("canary-wrong-value", "canary-value-not-written")  # kvconv.check.canary.value
 
 
 def exit_table() -> str:
@@ -70,7 +71,7 @@ def coverage(d, *, canary_steps: int, write_steps: int) -> Finding | None:
     (or, without counters, the dump holds no host launch record and no device event), and no canary or write step
     was checked. Names the target pattern(s) of the metadata and, where it lists the kernels it saw loaded
     (``loaded_kernels``), the closest ones."""
-    if canary_steps or write_steps:
+    if canary_steps or write_steps or any(len(g.records) for g in d.groups_of("value_digest")):  # value canary
         return None
     try:
         meta = d.metadata()
@@ -126,6 +127,11 @@ def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
     if canary_res is not None and have & set(_CANARY_CODES):
         fam = _canary_incidents(canary_res)
         grouped.update(dict.fromkeys(_CANARY_CODES, fam))
+    if have & set(_VALUE_CODES) and d.groups_of("value_digest"):
+        from kvconv.check.canary import value
+
+        fam = value.incidents(d)
+        grouped.update(dict.fromkeys(_VALUE_CODES, fam))
     out: list[dict] = []
     placed: set[int] = set()
     for f in findings:

@@ -13,7 +13,7 @@
 
 #define KVCONV_MAGIC "KVCDUMP" /* 8 bytes with the trailing NUL */
 #define KVCONV_MAJOR 1
-#define KVCONV_MINOR 2 /* the newest minor; a group header carries the lowest it needs */
+#define KVCONV_MINOR 3 /* the newest minor; a group header carries the lowest it needs */
 #define KVCONV_MINOR_BASE 0 /* a group that uses no newer feature */
 #define KVCONV_MINOR_LIVE 1 /* a group with header flag live */
 static inline uint16_t kvconv_kind_minor(uint16_t kind) {
@@ -22,6 +22,7 @@ static inline uint16_t kvconv_kind_minor(uint16_t kind) {
     case 11: return 2; /* slot_write */
     case 12: return 2; /* write_step */
     case 13: return 2; /* slot_map */
+    case 14: return 3; /* value_digest */
     default: return KVCONV_MINOR_BASE;
   }
 }
@@ -32,6 +33,7 @@ static inline uint16_t kvconv_kind_clock(uint16_t kind) {
     case 7: return 1; /* eager_launch: host_monotonic */
     case 8: return 1; /* canary: host_monotonic */
     case 12: return 1; /* write_step: host_monotonic */
+    case 14: return 1; /* value_digest: host_monotonic */
     default: return 0; /* none */
   }
 }
@@ -51,6 +53,7 @@ static inline uint16_t kvconv_kind_clock(uint16_t kind) {
 #define KVCONV_KIND_SLOT_WRITE 11 /* record size 64 */
 #define KVCONV_KIND_WRITE_STEP 12 /* record size 32 */
 #define KVCONV_KIND_SLOT_MAP 13 /* record size 24 */
+#define KVCONV_KIND_VALUE_DIGEST 14 /* record size 72 */
 
 #define KVCONV_CLOCK_DOMAIN_NONE 0
 #define KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC 1
@@ -82,6 +85,11 @@ static inline uint16_t kvconv_kind_clock(uint16_t kind) {
 
 #define KVCONV_SLOT_MAP_FLAGS_PAD 1
 #define KVCONV_SLOT_MAP_FLAGS_RELEASE 2
+
+#define KVCONV_VALUE_DIGEST_FLAGS_GIVEN 1
+#define KVCONV_VALUE_DIGEST_FLAGS_SOURCE 2
+#define KVCONV_VALUE_DIGEST_FLAGS_EAGER 4
+#define KVCONV_VALUE_DIGEST_FLAGS_NO_BEFORE 8
 
 /* 64-byte header in front of every record group */
 typedef struct kvconv_header_t {
@@ -330,6 +338,33 @@ KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, slot) == 0, "kvconv_slot_map_t.
 KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, request_id) == 8, "kvconv_slot_map_t.request_id offset");
 KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, token) == 16, "kvconv_slot_map_t.token offset");
 KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, flags) == 20, "kvconv_slot_map_t.flags offset");
+
+/* one mapped slot of one watched cache in one step: digest_rows (kvconv.capture.probe.values) of the row the engine meant to write there and of the slot before and after the step; expected != actual is a wrong value, unless actual == before (the slot was not written) */
+typedef struct kvconv_value_digest_t {
+  uint64_t step; /* step number given by the probe */
+  uint64_t host_ns; /* CLOCK_MONOTONIC ns when the step's digests were read */
+  int64_t slot; /* global slot (page * page_size + offset) the step maps the token to */
+  uint64_t request_id; /* the engine's request id (0: none) */
+  uint64_t expected; /* digest of the row the engine meant to write (flags say where it came from) */
+  uint64_t actual; /* digest of the slot after the step */
+  uint64_t before; /* digest of the slot before the step (0 with flag no_before) */
+  uint32_t cache_id; /* the cache record (cache group of the same context) holding the slot */
+  uint32_t row; /* batch row: the token's index within the step's slot mapping */
+  uint32_t row_bytes; /* bytes digested per row (the cache's slot_bytes) */
+  uint32_t flags; /* where expected came from: given (rows the caller handed the probe), source (the source tensor named at watch, read before the step), eager (an eager run of the step on copies of the caches); no_before: no digest before the step was taken */
+} kvconv_value_digest_t;
+KVCONV_STATIC_ASSERT(sizeof(kvconv_value_digest_t) == 72, "kvconv_value_digest_t size");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, step) == 0, "kvconv_value_digest_t.step offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, host_ns) == 8, "kvconv_value_digest_t.host_ns offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, slot) == 16, "kvconv_value_digest_t.slot offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, request_id) == 24, "kvconv_value_digest_t.request_id offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, expected) == 32, "kvconv_value_digest_t.expected offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, actual) == 40, "kvconv_value_digest_t.actual offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, before) == 48, "kvconv_value_digest_t.before offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, cache_id) == 56, "kvconv_value_digest_t.cache_id offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, row) == 60, "kvconv_value_digest_t.row offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, row_bytes) == 64, "kvconv_value_digest_t.row_bytes offset");
+KVCONV_STATIC_ASSERT(offsetof(kvconv_value_digest_t, flags) == 68, "kvconv_value_digest_t.flags offset");
 
 typedef struct kvconv_canary_page_t {
   uint32_t page;

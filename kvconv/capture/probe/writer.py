@@ -1,5 +1,9 @@
 """Canary records into a dump, with no torch: :class:`CanaryRecorder` collects per (step, buffer) page sets and writes
 them through :func:`kvconv.format.dump.new` (metadata, strings, canary, canary_pages groups of one context) on close.
+The other probes can record into the same dump: the value canary's ``cache`` and ``value_digest`` records
+(:mod:`kvconv.capture.probe.values`), and the slot mapping's ``write_step`` / ``slot_map`` records
+(:meth:`CanaryRecorder.add_step`, what :class:`~kvconv.capture.probe.writes.WriteProbe` sends the tracer, kept here
+with ``WriteProbe(mirror=recorder)``). A recorder holding only those writes no canary group.
 
     >>> import tempfile, os
     >>> from kvconv.format import dump
@@ -29,6 +33,7 @@ from kvconv import __version__
 from kvconv.format import dump, layout
 
 FLAGS = layout.ENUMS["canary_flags"]
+_EXTRA = ("cache", "write_step", "slot_map", "value_digest")  # other probes' kinds, in the order they are written
 SNAPSHOT_FLAGS = {"clone": FLAGS["snapshot_clone"], "checksum": FLAGS["snapshot_checksum"]}
 
 
@@ -54,6 +59,8 @@ class CanaryRecorder:
         self._records: list[np.ndarray] = []
         self._pages: list[np.ndarray] = []
         self._npages = 0
+        self._extra: dict[str, list[np.ndarray]] = {k: [] for k in _EXTRA}
+        self._nmap = 0
         self._closed = False
         # Fail now, not after a long run, if the output folder is missing.
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -71,7 +78,7 @@ class CanaryRecorder:
             self.close()
             return
         text = f"{et.__name__}: {ev}"
-        last = int(self._records[-1]["step"][0]) if self._records else None
+        last = max([int(r["step"][-1]) for r in self._records + self._extra["value_digest"] if len(r)], default=None)
         self.metadata["outcome"] = {"ended_by": "exception", "exception": text[:1000], "last_step": last}
         try:
             self.close()
@@ -104,6 +111,37 @@ class CanaryRecorder:
             self._npages += len(a)
         self._records.append(r)
 
+    def add_records(self, kind: str, records: np.ndarray) -> None:
+        """Append records of another probe's kind (``value_digest``; the dtype of docs/FORMAT.md)."""
+        if self._closed:
+            raise RuntimeError("CanaryRecorder is closed")
+        if kind not in ("cache", "value_digest"):
+            raise ValueError(f"add_records takes cache or value_digest records, not {kind!r} (steps: add_step)")
+        self._extra[kind].append(np.asarray(records, dtype=layout.DTYPES[layout.KINDS[kind].layout]).reshape(-1))
+
+    def add_cache(self, *, cache_id: int, name: str, base: int, size: int, slot_bytes: int, page_size: int) -> None:
+        """One ``cache`` record: a watched cache's id and name (value_digest records name it by id)."""
+        r = np.zeros(1, layout.DTYPES["cache"])
+        r["cache_id"], r["base"], r["size"], r["slot_bytes"], r["page_size"] = cache_id, base, size, slot_bytes, \
+            page_size
+        r["name"] = name.encode("utf-8")[:32]
+        self.add_records("cache", r)
+
+    def add_step(self, *, step: int, begin_ns: int, end_ns: int, slots, request_ids, flags) -> None:
+        """One ``write_step`` record and its ``slot_map`` rows: a step's slot mapping, or a release (every row
+        flagged ``release``), as the write probe records them in the tracer."""
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        m = np.zeros(len(slots), layout.DTYPES["slot_map"])
+        m["slot"], m["request_id"], m["flags"] = slots, np.asarray(request_ids, np.uint64).reshape(-1), \
+            np.asarray(flags, np.uint32).reshape(-1)
+        m["token"] = np.arange(len(slots))
+        s = np.zeros(1, layout.DTYPES["write_step"])
+        s["step"], s["begin_ns"], s["end_ns"], s["map_first"], s["map_count"] = step, begin_ns, end_ns, self._nmap, \
+            len(m)
+        self._nmap += len(m)
+        self._extra["write_step"].append(s)
+        self._extra["slot_map"].append(m)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -112,8 +150,13 @@ class CanaryRecorder:
         pages = np.zeros(self._npages, dtype=layout.DTYPES["canary_page"])
         if self._pages:
             pages["page"] = np.concatenate(self._pages)
+        extra = any(self._extra.values())
         with dump.new(self.path, context_id=self.context_id, device_id=self.device_id) as w:
             w.write_metadata(self.metadata)
             w.write_strings(self._strings)
-            w.write_records("canary", recs)
-            w.write_records("canary_pages", pages)
+            if self._records or not extra:
+                w.write_records("canary", recs)
+                w.write_records("canary_pages", pages)
+            for kind, parts in self._extra.items():
+                if parts:
+                    w.write_records(kind, np.concatenate(parts))

@@ -10,6 +10,10 @@ slots every block of the target kernels wrote; ``kvconv canary --writes`` compar
     probe.release(finished_request_ids)                     # optional: the engine gave their slots back
     probe.free(slots)                                       # optional: these slots were given back
 
+``WriteProbe(mirror=recorder)`` also keeps every step and release in a recorder of the probe's own dump
+(:class:`~kvconv.capture.probe.writer.CanaryRecorder`, shared with the location and value canaries), tracer or not:
+the slot ownership check (``kvconv canary --writes``) then reads the mapping from that dump too.
+
 Nothing here needs torch: tensors are read through ``data_ptr()`` / ``numel()`` / ``element_size()`` and moved to
 the host with ``.cpu()``; numpy arrays and lists work for the mappings. The probe talks to the tracer library in the
 same process (``CUDA_INJECTION64_PATH``) through ``ctypes``; without a tracer, or with write recording off, it says
@@ -72,8 +76,9 @@ def _host(x, dtype) -> np.ndarray:
 class WriteProbe:
     """Registers caches and records steps in the tracer of this process (see the module docstring)."""
 
-    def __init__(self, *, library: str | None = None) -> None:
+    def __init__(self, *, library: str | None = None, mirror=None) -> None:
         self._lib, why = _library(library)
+        self.mirror = mirror  # a CanaryRecorder (add_step) keeping the steps in the probe's own dump, or None
         self.caches: dict[str, int] = {}
         self.steps = 0
         self.releases = 0
@@ -129,6 +134,9 @@ class WriteProbe:
         begin = time.monotonic_ns()
         yield
         end = time.monotonic_ns()
+        if self.mirror is not None:
+            self.mirror.add_step(step=int(step), begin_ns=begin, end_ns=end, slots=slots, request_ids=reqs,
+                                 flags=flags)
         if self._lib is None:
             return
         r = self._lib.kvconv_record_step(int(step), begin, end, len(slots), slots.ctypes.data, reqs.ctypes.data,
@@ -151,9 +159,14 @@ class WriteProbe:
         self._record_release(*release_rows(slots=slots))
 
     def _record_release(self, slots: np.ndarray, reqs: np.ndarray, flags: np.ndarray) -> None:
-        if not len(slots) or self._lib is None:
+        if not len(slots):
             return
         now = time.monotonic_ns()
+        if self.mirror is not None:
+            self.mirror.add_step(step=self._last_step, begin_ns=now, end_ns=now, slots=slots, request_ids=reqs,
+                                 flags=flags)
+        if self._lib is None:
+            return
         r = self._lib.kvconv_record_step(self._last_step, now, now, len(slots), slots.ctypes.data, reqs.ctypes.data,
                                          flags.ctypes.data)
         if r == _WRITES_OFF:

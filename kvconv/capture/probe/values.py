@@ -1,0 +1,356 @@
+"""The value canary's probe (issue 29, mechanism ii: right slot, wrong data): per step and watched cache, for every
+slot the step maps, a 64-bit digest of the row the engine meant to write there and of what the slot holds before
+and after the step. ``kvconv validate`` compares them (kvconv.check.canary.value; docs/CANARY.md).
+
+    from kvconv.capture.probe.values import ValueProbe
+    probe = ValueProbe("run.values.kvdump", metadata={"producer": "my-engine"})   # or a CanaryRecorder: one dump
+    probe.watch(k_cache, name="L0.k", page_size=16)         # [num_pages, page_size, ...], contiguous
+    with probe.step(step, slot_mapping, request_ids):       # per token: its slot (-1: padding) and request
+        probe.expect_values(step, "L0.k", k_rows)           # the rows the engine meant to write, one per token
+        graph.replay()
+    probe.close()                                           # writes the dump
+
+Where the expected rows come from (the record's flags say which):
+
+- ``given``: rows the caller hands the probe (``expect_values`` or ``step(..., expect={name: rows})``), e.g. the
+  K/V the engine computed before copying them into the graph's static source buffer: a buffer not refilled is seen;
+- ``source``: the source tensor named at ``watch(..., source=tensor)``, read before the step: the rows the kernel is
+  handed (a kernel converting or placing them wrongly is seen, a stale buffer is not);
+- ``eager``: ``step(..., eager=fn)``: ``fn(copies)`` runs the step eagerly on copies of the watched caches (a dict
+  name -> copy) before the replay; its written slots are the reference.
+
+One digest (:func:`digest_rows`) serves both sides, with numpy arrays (on the host) and torch tensors (on their
+device, queued on the current stream; torch is never imported here: a tensor is recognised by its methods). A step
+reads the digests back once (one synchronisation). Rows are compared bit for bit as stored: give rows in the
+cache's dtype (after the engine's own conversion), or use the eager reference.
+
+    >>> import numpy as np
+    >>> rows = np.arange(12, dtype=np.int16).reshape(3, 4)
+    >>> d = digest_rows(rows)
+    >>> d.dtype, len(set(d.tolist())), bool((digest_rows(rows[::-1].copy())[::-1] == d).all())
+    (dtype('int64'), 3, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+
+from kvconv.format import layout
+
+FLAGS = layout.ENUMS["value_digest_flags"]
+_U64 = 1 << 64
+
+
+def _i64(x: int) -> int:
+    x &= _U64 - 1
+    return x - _U64 if x >= 1 << 63 else x
+
+
+# splitmix64's finaliser constants and the golden-ratio increment, as signed 64-bit values (torch has no uint64
+# arithmetic); products and sums wrap modulo 2**64 on both sides
+_M1, _M2, _G = _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB), _i64(0x9E3779B97F4A7C15)
+_MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31)}  # logical right shifts from arithmetic ones
+
+
+def _is_torch(x) -> bool:
+    return hasattr(x, "untyped_storage") and hasattr(x, "data_ptr")
+
+
+def _mix(z):
+    """splitmix64's finaliser on int64 words (numpy or torch): logical shifts as masked arithmetic ones."""
+    z = (z ^ ((z >> 30) & _MASK[30])) * _M1
+    z = (z ^ ((z >> 27) & _MASK[27])) * _M2
+    return z ^ ((z >> 31) & _MASK[31])
+
+
+def row_words(rows):
+    """``rows`` ([n, ...], contiguous, any dtype) as int64 words ``[n, W]``: each row's bytes read as little-endian
+    signed words of the widest of 8, 4, 2, 1 bytes that divides the row, widened to int64."""
+    n = int(rows.shape[0])
+    if _is_torch(rows):
+        import torch
+
+        b = rows.contiguous().view(torch.uint8).reshape(n, -1)
+        width = int(b.shape[1])
+        for size, dt in ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.int8)):
+            if width % size == 0:
+                w = b.view(dt)
+                return w if dt == torch.int64 else w.to(torch.int64)
+    b = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
+    width = int(b.shape[1])
+    for size, dt in ((8, np.int64), (4, np.int32), (2, np.int16), (1, np.int8)):
+        if width % size == 0:
+            return b.view(dt).astype(np.int64, copy=False)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def digest_words(words):
+    """The digest of each row of int64 words ``[n, W]`` (numpy or torch): ``mix(sum_i mix(w_i + i*G) ^ W*G)``, all
+    wrapping 64-bit; int64 ``[n]`` on the words' device. Position-keyed, so swapped words change it."""
+    width = int(words.shape[1])
+    if _is_torch(words):
+        import torch
+
+        pos = torch.arange(width, dtype=torch.int64, device=words.device) * _G
+        h = _mix(words + pos).sum(dim=1, dtype=torch.int64)
+    else:
+        with np.errstate(over="ignore"):
+            pos = np.arange(width, dtype=np.int64) * np.int64(_G)
+            h = _mix(words + pos).sum(axis=1, dtype=np.int64)
+    return _mix(h ^ _i64(width * _G))
+
+
+def digest_rows(rows):
+    """One 64-bit digest (int64) per row of ``rows`` ([n, ...]; numpy or torch): the one digest function of the
+    value canary, the expected and the written side alike."""
+    if _is_torch(rows):
+        return digest_words(row_words(rows))
+    with np.errstate(over="ignore"):
+        return digest_words(row_words(rows))
+
+
+def _host(x, dtype) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().reshape(-1).cpu().numpy()
+    return np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dtype)
+
+
+def _read_back(arrays) -> np.ndarray:
+    """int64 digests (numpy, or torch on any device) concatenated on the host: one copy for the torch ones."""
+    if not arrays:
+        return np.zeros(0, np.int64)
+    if any(_is_torch(a) for a in arrays):
+        import torch
+
+        dev = next(a.device for a in arrays if _is_torch(a))
+        parts = [a if _is_torch(a) else torch.from_numpy(np.asarray(a, np.int64)) for a in arrays]
+        return torch.cat([p.to(dev).reshape(-1) for p in parts]).cpu().numpy().astype(np.int64, copy=False)
+    return np.concatenate([np.asarray(a, np.int64).reshape(-1) for a in arrays])
+
+
+class _Cache:
+    """A watched cache: its slots as int64 word rows ``[num_slots, W]`` (a view), its id and name."""
+
+    def __init__(self, cache, *, name: str, cache_id: int, page_size: int, slot_bytes: int | None, source) -> None:
+        self.tensor, self.name, self.cache_id, self.page_size = cache, name, cache_id, int(page_size)
+        self.torch = _is_torch(cache)
+        nbytes = int(cache.numel()) * int(cache.element_size()) if self.torch else int(cache.nbytes)
+        contiguous = cache.is_contiguous() if self.torch else cache.flags["C_CONTIGUOUS"]
+        if not contiguous:
+            raise ValueError(f"cache {name!r}: not contiguous")
+        slots = int(cache.shape[0]) * self.page_size
+        if slot_bytes is None:
+            if slots <= 0 or nbytes % slots:
+                raise ValueError(f"cache {name!r}: {nbytes} bytes do not split into {slots} slots of equal size")
+            slot_bytes = nbytes // slots
+        self.slot_bytes, self.num_slots = int(slot_bytes), nbytes // int(slot_bytes)
+        flat = cache.reshape(-1) if self.torch else cache.reshape(-1)
+        if self.torch:
+            import torch
+
+            flat = flat.view(torch.uint8)[: self.num_slots * self.slot_bytes]
+        else:
+            flat = flat.view(np.uint8)[: self.num_slots * self.slot_bytes]
+        self.rows = flat.reshape(self.num_slots, self.slot_bytes)  # bytes per slot (a view)
+        self.base = int(cache.data_ptr()) if self.torch else int(cache.ctypes.data)
+        self.source = source
+
+    def gather(self, slots):
+        """The slots' rows (bytes ``[k, slot_bytes]``, a copy) of this cache."""
+        return self.rows.index_select(0, slots) if self.torch else self.rows[slots]
+
+
+def _pooled(caches: list[_Cache]):
+    """Torch caches sharing one storage and one slot width: (flat int64 words of the storage, word offset of each
+    cache's slot 0, words per slot) for one gather across all of them; else None."""
+    if len(caches) < 2 or not all(c.torch for c in caches):
+        return None
+    st = caches[0].tensor.untyped_storage()
+    w = caches[0].slot_bytes
+    if w % 8 or any(c.slot_bytes != w or c.tensor.untyped_storage().data_ptr() != st.data_ptr() for c in caches):
+        return None
+    offs = [c.base - st.data_ptr() for c in caches]
+    if any(o % 8 for o in offs) or st.nbytes() % 8:
+        return None
+    import torch
+
+    flat = torch.empty(0, dtype=torch.uint8, device=caches[0].tensor.device).set_(st).view(torch.int64)
+    return flat, torch.tensor([o // 8 for o in offs], dtype=torch.int64, device=flat.device), w // 8
+
+
+class ValueProbe:
+    """Watches caches and records, per step, the digests of every mapped slot (see the module docstring).
+
+    ``out``: a dump path (a :class:`~kvconv.capture.probe.writer.CanaryRecorder` is made for it) or a recorder
+    shared with the location canary (one dump for both). ``before=False`` skips the digest of the slots before the
+    step (cheaper; a slot not written then reads as a wrong value). ``timings``: per step, host ns spent in the
+    probe's digests before and after the step (the second includes waiting for the step's work on the device).
+    """
+
+    def __init__(self, out, *, metadata: dict | None = None, context_id: int = 0, device_id: int = 0,
+                 before: bool = True) -> None:
+        from kvconv.capture.probe.writer import CanaryRecorder
+
+        if isinstance(out, (str, os.PathLike)):
+            out = CanaryRecorder(out, context_id=context_id, device_id=device_id, metadata=metadata)
+        self.recorder = out
+        self.before = before
+        self.caches: list[_Cache] = []
+        self.timings: list[tuple[int, int]] = []
+        self._expect: dict[int, tuple[int, object]] = {}  # cache id -> (step, rows)
+        self._step: int | None = None
+        self.steps = 0
+
+    def watch(self, cache, *, name: str, page_size: int, slot_bytes: int | None = None, source=None) -> int:
+        """Watch a KV cache shaped ``[num_pages, page_size, ...]`` (contiguous; numpy or torch): slot ``s`` is its
+        ``s``-th row of ``slot_bytes`` (default: its bytes over ``num_pages * page_size``). ``source``: the tensor
+        of rows the kernel writes from (``[tokens, ...]``, one row per token of a step), digested before each step
+        where no rows are given. Returns the cache id its records carry."""
+        if any(c.name == name for c in self.caches):
+            raise ValueError(f"cache {name!r} is watched already")
+        c = _Cache(cache, name=name, cache_id=len(self.caches), page_size=page_size, slot_bytes=slot_bytes,
+                   source=source)
+        self.caches.append(c)
+        self.recorder.add_cache(cache_id=c.cache_id, name=name, base=c.base, size=c.num_slots * c.slot_bytes,
+                                slot_bytes=c.slot_bytes, page_size=c.page_size)
+        return c.cache_id
+
+    def _cache(self, which) -> _Cache:
+        for c in self.caches:
+            if which is c.tensor or c.name == which or (isinstance(which, int) and c.cache_id == which):
+                return c
+        raise KeyError(f"no watched cache {which!r}")
+
+    def expect_values(self, step: int, cache, rows) -> None:
+        """The rows the engine means ``step`` to write into ``cache`` (its name, id or tensor): ``[tokens, ...]``,
+        row ``i`` for token ``i`` of the step's slot mapping, each row as many bytes as a slot (the cache's dtype).
+        Call before the step's block ends."""
+        c = self._cache(cache)
+        self._expect[c.cache_id] = (int(step), rows)
+
+    @contextlib.contextmanager
+    def step(self, step: int, slot_mapping, request_ids=None, *, pad=None, expect: dict | None = None, eager=None):
+        """Record one step around its launches: token ``i`` maps to ``slot_mapping[i]`` for request
+        ``request_ids[i]``; ``pad`` marks padding rows (default: negative slots), which are not checked.
+        ``expect``: {cache name: rows} as :meth:`expect_values`; ``eager``: a callable run before the step on
+        copies of the watched caches (a dict name -> copy), whose written slots are then the expected rows."""
+        slots = _host(slot_mapping, np.int64)
+        reqs = np.zeros(len(slots), np.uint64) if request_ids is None else _host(request_ids, np.uint64)
+        pads = slots < 0 if pad is None else _host(pad, bool)
+        if len(reqs) != len(slots) or len(pads) != len(slots):
+            raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, {len(pads)} pad flags")
+        self._step = int(step)
+        for name, rows in (expect or {}).items():
+            self.expect_values(step, name, rows)
+        t0 = time.perf_counter_ns()
+        live = [(c, self._live(c, slots, pads)) for c in self.caches]
+        before = self._digests([(c, c.gather(idx)) for c, (_, idx) in live], live) if self.before else None
+        sources = {c.cache_id: self._rows_digest(c, c.source, tok) for c, (tok, _) in live
+                   if c.source is not None}
+        reference = None
+        if eager is not None:
+            copies = {c.name: (c.tensor.clone() if c.torch else c.tensor.copy()) for c in self.caches}
+            eager(copies)
+            reference = {c.cache_id: digest_rows(_Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
+                                                         page_size=c.page_size, slot_bytes=c.slot_bytes,
+                                                         source=None).gather(idx)) for c, (_, idx) in live}
+        t1 = time.perf_counter_ns()
+        try:
+            yield self
+        except BaseException:
+            self._expect.clear()
+            self._step = None
+            raise
+        t2 = time.perf_counter_ns()
+        after = self._digests([(c, c.gather(idx)) for c, (_, idx) in live], live)
+        todo = []
+        for c, (tok, _idx) in live:
+            step_rows = self._expect.pop(c.cache_id, None)
+            if step_rows is not None and step_rows[0] == int(step):
+                exp, flag = self._rows_digest(c, step_rows[1], tok), FLAGS["given"]
+            elif reference is not None:
+                exp, flag = reference[c.cache_id], FLAGS["eager"]
+            elif c.cache_id in sources:
+                exp, flag = sources[c.cache_id], FLAGS["source"]
+            else:
+                continue  # nothing says what this cache should hold: not checked
+            todo.append((c, tok, flag, [exp, after[c.cache_id]] + ([before[c.cache_id]] if before is not None else [])))
+        host = _read_back([a for *_x, arrays in todo for a in arrays])  # the step's one synchronisation
+        at = 0
+        for c, tok, flag, arrays in todo:
+            k = len(tok)
+            exp, act = host[at:at + k], host[at + k:at + 2 * k]
+            bef = host[at + 2 * k:at + 3 * k] if len(arrays) == 3 else None
+            at += len(arrays) * k
+            self._record(step, c, slots, reqs, tok, exp, act, bef, flag)
+        self._expect.clear()
+        self._step = None
+        self.steps += 1
+        self.timings.append((t1 - t0, time.perf_counter_ns() - t2))
+
+    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray):
+        """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device)."""
+        tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
+        if c.torch:
+            import torch
+
+            return tok, torch.as_tensor(slots[tok], dtype=torch.int64).to(c.tensor.device, non_blocking=True)
+        return tok, slots[tok]
+
+    def _digests(self, gathered, live) -> dict[int, object]:
+        """Digest of every cache's gathered rows: torch caches sharing one storage in one gather and one digest
+        (kept on the device until the step's one read-back)."""
+        pool = _pooled([c for c, _ in gathered])
+        if pool is not None and len({len(t) for _c, (t, _i) in live}) == 1:
+            import torch
+
+            flat, base, w = pool
+            idx = torch.stack([i for _c, (_t, i) in live])  # [C, k] slots
+            at = (base[:, None, None] + idx[:, :, None] * w + torch.arange(w, device=flat.device)).reshape(-1)
+            d = digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(live), -1)
+            return {c.cache_id: d[k] for k, (c, _) in enumerate(gathered)}
+        return {c.cache_id: digest_rows(rows) for c, rows in gathered}
+
+    def _rows_digest(self, c: _Cache, rows, tok: np.ndarray):
+        n = int(rows.shape[0])
+        if len(tok) and int(tok[-1]) >= n:
+            raise ValueError(f"cache {c.name!r}: {n} rows given for a step mapping token {int(tok[-1])}")
+        if _is_torch(rows):
+            import torch
+
+            sel = rows.index_select(0, torch.as_tensor(tok, dtype=torch.int64).to(rows.device))
+        else:
+            sel = np.asarray(rows)[tok]
+        nbytes = (int(sel.numel()) * int(sel.element_size()) if _is_torch(sel) else int(sel.nbytes))
+        if len(tok) and nbytes != len(tok) * c.slot_bytes:
+            raise ValueError(f"cache {c.name!r}: a row is {nbytes // max(1, len(tok))} bytes, a slot "
+                             f"{c.slot_bytes}")
+        return digest_rows(sel)
+
+    def _record(self, step, c: _Cache, slots, reqs, tok, exp, act, bef, flag) -> None:
+        r = np.zeros(len(tok), layout.DTYPES["value_digest"])
+        r["step"], r["host_ns"], r["cache_id"], r["row_bytes"] = int(step), time.monotonic_ns(), c.cache_id, \
+            c.slot_bytes
+        r["slot"], r["request_id"], r["row"] = slots[tok], reqs[tok], tok
+        r["expected"], r["actual"] = exp.view(np.uint64), act.view(np.uint64)
+        if bef is None:
+            r["flags"] = flag | FLAGS["no_before"]
+        else:
+            r["before"], r["flags"] = bef.view(np.uint64), flag
+        self.recorder.add_records("value_digest", r)
+
+    def close(self) -> None:
+        self.recorder.close()
+
+    def __enter__(self) -> ValueProbe:
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        if et is None:
+            self.close()
+        else:
+            self.recorder.__exit__(et, ev, tb)
