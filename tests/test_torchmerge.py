@@ -5,6 +5,7 @@ back to back in the profiled process (the fixture's anchors.json), not against k
 from __future__ import annotations
 
 import json
+import re
 
 from conftest import FIXTURES, run_cli
 
@@ -55,3 +56,22 @@ def test_a_torch_trace_without_anchors_is_refused(tmp_path):
     assert r.returncode == 2 and "no clock anchor" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+def test_a_torch_trace_of_another_run_is_refused(tmp_path):
+    # Before: merged silently, kvconv's events ~530 s away from the profiler's. The anchors of "another run" state
+    # a CLOCK_MONOTONIC 530 s later: the dump's events land 530 s before the profiled ones.
+    t = json.loads(TORCH.read_text())
+    for e in t["traceEvents"]:
+        name = str(e.get("name", ""))
+        if name.startswith("kvconv-clock-anchor monotonic_ns="):
+            e["name"] = f"kvconv-clock-anchor monotonic_ns={int(name.rsplit('=', 1)[1]) + 530 * 10**9}"
+    other = tmp_path / "other-run.json"
+    other.write_text(json.dumps(t))
+    out = tmp_path / "merged.json"
+    r = run_cli("chrome", DUMP, "--merge", other, "-o", out)
+    assert r.returncode == 2 and "does not overlap the dump" in r.stderr, r.stderr
+    gap = float(re.search(r"events lie ([\d.,]+) s before the profiler's", r.stderr).group(1).replace(",", ""))
+    assert 500 < gap < 530, r.stderr  # 530 s less the runs' own length
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -127,6 +127,33 @@ def merge(kv: dict, tr: dict, al: Alignment) -> dict:
     return out
 
 
+def _span_us(events) -> tuple[float, float] | None:
+    """The [first start, last end] of the timed events (µs), None when there are none."""
+    lo = hi = None
+    for e in events:
+        ts = e.get("ts")
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            continue
+        end = ts + (e["dur"] if isinstance(e.get("dur"), (int, float)) and e.get("ph") == "X" else 0)
+        lo = ts if lo is None or ts < lo else lo
+        hi = end if hi is None or end > hi else hi
+    return None if lo is None else (lo, hi)
+
+
+def check_overlap(merged: dict, n_torch: int, al: Alignment, *, path) -> None:
+    """Refuse a merge whose two timelines do not overlap within the alignment error: the torch trace is of another
+    run (a silent merge put kvconv's events minutes away from the profiler's)."""
+    torch_span, kv_span = _span_us(merged["traceEvents"][:n_torch]), _span_us(merged["traceEvents"][n_torch:])
+    if torch_span is None or kv_span is None:
+        return
+    slack = al.error_ns / 1000
+    gap = max(kv_span[0] - torch_span[1], torch_span[0] - kv_span[1])
+    if gap > slack:
+        where = "after" if kv_span[0] > torch_span[1] else "before"
+        raise _bad(path, f"does not overlap the dump: kvconv's events lie {gap / 1e6:,.3f} s {where} the profiler's "
+                   f"(alignment error ±{slack:.2f} µs); merge the torch trace of the same run")
+
+
 def write_merged(write, dumps, out: str, torch_trace: str | Path, *, options):
     """``kvconv chrome DUMP... --merge TORCH -o OUT``: kvconv's Chrome trace (``write``: the chrome format's
     writer) into a temporary file beside OUT, merged with the torch trace, written to OUT atomically."""
@@ -145,6 +172,7 @@ def write_merged(write, dumps, out: str, torch_trace: str | Path, *, options):
         with open(part, encoding="utf-8") as f:
             kv = json.load(f)
         merged = merge(kv, tr, al)
+        check_overlap(merged, len(tr["traceEvents"]), al, path=torch_trace)
         with atomic_output(out, inputs=[*dumps, torch_trace], force=options.force) as dst:
             with open(dst, "w", encoding="utf-8") as f:
                 json.dump(merged, f, separators=(",", ":"))
