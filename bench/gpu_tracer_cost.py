@@ -173,25 +173,80 @@ def kernels_per_replay(torch, graphs, reps=3):
     return out
 
 
-def timed_loop(torch, graphs, iters, warmup):
+MODES = ("idle", "primed", "pipelined")
+PIPELINE = 20  # replays queued back to back per sample in the pipelined mode
+
+
+def _sleep_cycles_per_us(torch) -> float:
+    """GPU clock cycles per microsecond of ``torch.cuda._sleep`` (a spin kernel), measured with CUDA events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    a.record()
+    torch.cuda._sleep(10_000_000)
+    b.record()
+    b.synchronize()
+    return 10_000_000 / (a.elapsed_time(b) * 1e3)
+
+
+def timed_loop(torch, graphs, iters, warmup, mode="idle", prime_us=0.0, cycles_per_us=0.0):
+    """GPU ms and host us per replay of each graph, in one of three ways (issue 31: they differ under the tracer):
+
+    idle       synchronize, event, replay(), event: the GPU sits idle while replay() runs on the host, so the
+               figure is the host's launch latency plus the graph's execution (what issue 15's table measured)
+    primed     a spin kernel of ``prime_us`` queued first, then event, replay(), event: the launch is submitted
+               while the GPU is busy, so the figure is the graph's execution alone (the device time of the step)
+    pipelined  event, PIPELINE replays back to back, event, / PIPELINE: the step time of an engine that submits
+               ahead (host- or device-bound, whichever is slower)
+    """
     gpu = {k: [] for k in graphs}
     host = {k: [] for k in graphs}
+    uncovered = {k: 0 for k in graphs}  # primed: replays whose host time outlasted the spin (figure not pure)
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     names = list(graphs)
+    n = PIPELINE if mode == "pipelined" else 1
+    if n > 1:  # a sample is n replays: as many replays in all as the other modes, in fewer samples
+        iters, warmup = max(5, iters // n), max(1, warmup // n)
     for i in range(warmup + iters):
         k = i % len(names)
         for name in names[k:] + names[:k]:  # rotate which work goes first
             torch.cuda.synchronize()
+            if mode == "primed":
+                torch.cuda._sleep(int(prime_us * cycles_per_us))
             e0.record()
             t0 = time.perf_counter()
-            graphs[name].replay()
+            for _ in range(n):
+                graphs[name].replay()
             t1 = time.perf_counter()
             e1.record()
             e1.synchronize()
             if i >= warmup:
-                gpu[name].append(e0.elapsed_time(e1))
-                host[name].append((t1 - t0) * 1e6)
-    return gpu, host
+                gpu[name].append(e0.elapsed_time(e1) / n)
+                host[name].append((t1 - t0) * 1e6 / n)
+                if mode == "primed" and (t1 - t0) * 1e6 > prime_us:
+                    uncovered[name] += 1
+    return gpu, host, uncovered
+
+
+def _stats(gpu, host, uncovered) -> dict:
+    return {w: {"gpu_ms_median": statistics.median(gpu[w]), "gpu_ms_p10": quantile(gpu[w], 0.1),
+                "gpu_ms_p90": quantile(gpu[w], 0.9), "host_replay_us_median": statistics.median(host[w]),
+                "host_replay_us_max": max(host[w]), "uncovered": uncovered[w]} for w in gpu}
+
+
+def _process_shape(torch, args) -> list:
+    """What else the process holds beside the timed graphs (issue 31: the tracer's cost moved with it): the modules of
+    another work, loaded by one eager layer of it (--extra-eager; its weights are one layer's), and device memory
+    held unused (--ballast-gb). Kept alive until the process ends."""
+    keep = []
+    for work in args.extra_eager:
+        m, H = build(torch, work, 1)
+        x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
+        m.forward(x, torch.zeros(1, device="cuda", dtype=torch.int64))
+        keep.append((m, x))
+    if args.ballast_gb:
+        keep.append(torch.empty(int(args.ballast_gb * (1 << 30)), dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    return keep
 
 
 def inner(args) -> dict:
@@ -199,22 +254,31 @@ def inner(args) -> dict:
 
     t0 = time.perf_counter()
     graphs, _inputs = capture(torch, args.works, args.layers)
+    _extra = _process_shape(torch, args)  # alive until the process ends
     t_setup = time.perf_counter() - t0
-    if args.profiler:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]):
-            gpu, host = timed_loop(torch, graphs, args.iters, args.warmup)
-    else:
-        gpu, host = timed_loop(torch, graphs, args.iters, args.warmup)
+    cpu = _sleep_cycles_per_us(torch)
     out = {"iters": args.iters, "layers": args.layers, "setup_s": round(t_setup, 2),
-           "traced": bool(os.environ.get("CUDA_INJECTION64_PATH")), "profiler": args.profiler, "works": {}}
-    for w in graphs:
-        out["works"][w] = {"gpu_ms_median": statistics.median(gpu[w]), "gpu_ms_p10": quantile(gpu[w], 0.1),
-                           "gpu_ms_p90": quantile(gpu[w], 0.9), "host_replay_us_median": statistics.median(host[w])}
+           "traced": bool(os.environ.get("CUDA_INJECTION64_PATH")), "profiler": args.profiler, "modes": {},
+           "sleep_cycles_per_us": round(cpu, 1), "extra_eager": args.extra_eager, "ballast_gb": args.ballast_gb}
+    prime_us = 0.0
+    for mode in args.modes:
+        if mode == "primed":  # long enough to cover the slowest host replay seen so far, 2 ms at least
+            seen = [v["host_replay_us_max"] for m in out["modes"].values() for v in m.values()]
+            prime_us = max([2000.0] + [3 * x for x in seen])
+            out["prime_us"] = round(prime_us)
+        if args.profiler:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]):
+                res = timed_loop(torch, graphs, args.iters, args.warmup, mode, prime_us, cpu)
+        else:
+            res = timed_loop(torch, graphs, args.iters, args.warmup, mode, prime_us, cpu)
+        out["modes"][mode] = _stats(*res)
+    out["works"] = out["modes"][args.modes[0]]  # the first mode asked for, under the key older tables read
     if args.count_kernels:
         for w, n in kernels_per_replay(torch, graphs).items():
-            out["works"][w]["kernel_nodes"] = n
+            for m in out["modes"].values():
+                m[w]["kernel_nodes"] = n
     return out
 
 
@@ -242,8 +306,16 @@ def config_env(cfg, args):
     return env, extra
 
 
-def summarize(rounds, configs):
+def _works(res, mode):
+    """One inner process's per-work figures for a timing mode (older results have only ``works``: idle)."""
+    if not res:
+        return None
+    return res.get("modes", {}).get(mode) or (res["works"] if mode == "idle" else None)
+
+
+def summarize(rounds, configs, mode="idle"):
     """Per work and config: medians pooled over rounds, added vs the same round's untraced, per node costs."""
+    rounds = [{c: ({"works": _works(r[c], mode)} if _works(r[c], mode) else None) for c in r} for r in rounds]
     table = {}
     for w in WORKS:
         base = [r["untraced"]["works"][w] for r in rounds if r.get("untraced") and w in r["untraced"]["works"]]
@@ -296,7 +368,9 @@ def outer(args) -> int:
             if cfg == "untraced" and rnd == 0:
                 extra.append("--count-kernels")
             cmd = [sys.executable, __file__, "--inner", "--iters", str(args.iters), "--warmup", str(args.warmup),
-                   "--layers", str(args.layers), "--works", *args.works, *extra]
+                   "--layers", str(args.layers), "--works", *args.works, "--modes", *args.modes,
+                   "--ballast-gb", str(args.ballast_gb), *(["--extra-eager", *args.extra_eager] if args.extra_eager
+                                                           else []), *extra]
             t = time.perf_counter()
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -309,10 +383,13 @@ def outer(args) -> int:
         rounds.append(res)
         if args.out:  # after every round: a run cut short by its bound keeps the rounds it finished
             Path(args.out).write_text(json.dumps({"argv": sys.argv, "rounds": rounds,
-                                                  "table": summarize(rounds, args.configs)},
+                                                  "table": summarize(rounds, args.configs, args.modes[0]),
+                                                  "tables": {m: summarize(rounds, args.configs, m)
+                                                             for m in args.modes}},
                                                  indent=1, sort_keys=True) + "\n")
-    table = summarize(rounds, args.configs)
-    print_table(COLUMNS, table_rows(table))
+    for m in args.modes:
+        print(f"# timing: {m}")
+        print_table(COLUMNS, table_rows(summarize(rounds, args.configs, m)))
     return 0
 
 
@@ -326,6 +403,12 @@ def main() -> int:
                     help="an extra config (run after --configs): this build (--lib) with these environment "
                          "variables, e.g. "
                          "nolookup=KVCONV_PATCH_FILE=/tmp/nolookup.fatbin or writes=KVCONV_WRITES=1")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                    help="timings per replay (see timed_loop): idle includes the host's launch latency, primed is "
+                         "the graph's device time alone, pipelined the step time when the host submits ahead")
+    ap.add_argument("--extra-eager", nargs="*", default=[], choices=WORKS,
+                    help="also run one layer of these works eagerly after the capture (their modules loaded)")
+    ap.add_argument("--ballast-gb", type=float, default=0.0, help="also hold this much device memory, unused")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
