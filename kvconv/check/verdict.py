@@ -100,15 +100,52 @@ def coverage(d, *, canary_steps: int, write_steps: int) -> Finding | None:
     msg = f"nothing was checked: {', '.join(what)}, no canary or write step"
     if pats:
         msg += "; no kernel matched " + " or ".join(repr(p) for p in pats)
-        loaded = [str(k) for k in meta.get("loaded_kernels") or []]
-        close = sorted({c for p in pats for c in difflib.get_close_matches(p, loaded, n=5, cutoff=0.5)})
+        loaded = [str(k) for k in meta.get("loaded_kernels") or [] if isinstance(k, str)]
+        dropped = meta.get("loaded_kernels_dropped")
+        seen = len(loaded) + (dropped if isinstance(dropped, int) and dropped > 0 else 0)
+        close = closest(pats, loaded)
         if close:
             msg += "; loaded kernels close to it: " + ", ".join(close)
         elif loaded:
-            msg += f"; none of the {len(loaded):,} loaded kernels is close to it"
+            msg += f"; none of the {seen:,} loaded kernels is close to it"
     mg = d.groups_of("metadata")
     return Finding("warning", "coverage-none", msg, path=d.path, group=mg[0].index if mg else None,
                    offset=mg[0].payload_offset if mg else None, field="metadata.counters" if counters else None)
+
+
+def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float = 0.6) -> list[str]:
+    """The loaded kernel names closest to the ``-k`` patterns, best first, as a person types them: a name's function
+    (its demangled name without return type, scopes, template arguments and parameters: a substring ``-k`` matches)
+    or, where that is not closer, the whole name (demangled). A pattern is compared with each (difflib's ratio)."""
+    from kvconv.check.reconcile.launches import short_name
+    from kvconv.names import demangle
+
+    keys: dict[str, str] = {}  # what a pattern is compared with -> what the message offers
+    for name in loaded:
+        full = demangle(name)
+        short = short_name(full) or full
+        keys.setdefault(short, short)
+        if full != short and len(full) <= 200:
+            keys.setdefault(full, full)
+    best: dict[str, float] = {}
+    for p in patterns:
+        sm = difflib.SequenceMatcher()
+        sm.set_seq2(p)
+        for key, shown in keys.items():
+            sm.set_seq1(key)
+            if sm.real_quick_ratio() >= cutoff and sm.quick_ratio() >= cutoff:
+                r = sm.ratio()
+                if r >= cutoff and r > best.get(shown, 0.0):
+                    best[shown] = r
+    return [k for k, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+def part(findings: list[Finding], *, checked: bool) -> str:
+    """The verdict of one part of the checks (``kvconv canary``'s: its records' findings and the dump's own state),
+    judged as the whole is (:func:`judge`): a part with nothing to check and no error is ``nothing-checked``."""
+    if not checked and not any(f.severity == "error" for f in findings):
+        return "nothing-checked"
+    return judge(findings)
 
 
 # ---------------------------------------------------------------------------------------------------- incidents
