@@ -78,6 +78,27 @@ def _can_open_browser() -> bool:
     return True
 
 
+def _check_is_trace(path: Path) -> None:
+    """Refuse what the UI would not show as kvconv's trace: a kvconv dump (convert it first), or a file that is
+    neither a Perfetto protobuf trace (a TracePacket field, tag 0x0a, first), Chrome JSON (``{`` or ``[`` first) nor
+    either of them gzip-compressed (the UI reads .gz)."""
+    from kvconv.format.layout import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise FormatError(f"cannot open: {e.strerror}", path=str(path), code="unreadable") from None
+    if head.startswith(MAGIC):
+        raise UsageError("is a kvconv dump, not a trace", path=str(path), code="usage",
+                         hint=f"convert it first: kvconv perfetto {path} -o {path.stem}.pftrace, then open that")
+    text = head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1]
+    if head[:1] == b"\x0a" or text in (b"{", b"[") or head[:2] == b"\x1f\x8b":
+        return
+    raise UsageError("not a trace (neither a Perfetto .pftrace nor Chrome JSON)", path=str(path), code="usage",
+                     hint="kvconv perfetto or kvconv chrome writes the trace to open")
+
+
 def serve_once(trace: str | os.PathLike, *, options: OpenOptions = OpenOptions(),
                say: Callable[[str], None] = print) -> str:
     """Serve ``trace`` until it was fetched once (or ``options.timeout``); return the UI URL opened or printed."""
@@ -87,6 +108,7 @@ def serve_once(trace: str | os.PathLike, *, options: OpenOptions = OpenOptions()
                           hint="check the path; kvconv perfetto or kvconv chrome writes the trace")
     if not path.is_file():
         raise FormatError("is a folder, not a trace file", path=str(path), code="not-a-file")
+    _check_is_trace(path)
     served: list = []
     try:
         server = http.server.HTTPServer(("127.0.0.1", options.port), _handler(path, served))

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import ROOT, run_cli
+from conftest import FIXTURES, ROOT, run_cli
 
 UI = "https://ui.perfetto.dev"
 
@@ -43,7 +43,7 @@ def _get(url: str, tries: int = 100):
 
 def test_serves_the_trace_once_with_the_ui_cors_header(tmp_path):
     trace = tmp_path / "run name.pftrace"
-    trace.write_bytes(bytes(range(256)) * 1000)
+    trace.write_bytes(b"\x0a\x00" + bytes(range(256)) * 1000)  # starts as a Perfetto trace (a TracePacket tag)
     port = _free_port()
     p = _start(trace, port, "--timeout", "120")
     try:
@@ -86,8 +86,17 @@ def test_one_line_errors(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == f"Error: {tmp_path / 'missing.pftrace'}: no such file (check the path; kvconv " \
                                "perfetto or kvconv chrome writes the trace)"
+    # Before: a kvconv dump or any file was served, and the UI showed an import error.
+    dump = FIXTURES / "bad" / "valid-small.kvdump"
+    r = run_cli("open", dump, "--timeout", "0.5", "--no-browser")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
+    assert "is a kvconv dump, not a trace (convert it first: kvconv perfetto" in r.stderr, r.stderr
+    junk = tmp_path / "junk.pftrace"
+    junk.write_bytes(b"x")
+    r = run_cli("open", junk, "--timeout", "0.5", "--no-browser")
+    assert r.returncode == 2 and r.stdout == "" and "not a trace" in r.stderr, r
     trace = tmp_path / "t.pftrace"
-    trace.write_bytes(b"x")
+    trace.write_bytes(b"\x0a\x00")  # one empty TracePacket
     r = run_cli("open", trace, "--port", str(_free_port()), "--timeout", "0.5")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1 and "nobody fetched the trace within 0.5 s" in r.stderr
