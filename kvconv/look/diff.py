@@ -53,8 +53,12 @@ class DiffOptions:
                                  code="bad-threshold")
 
 
-def _check(check: str, where: str, a, b, exceeds: bool, note: str = "") -> dict:
-    return {"check": check, "where": where, "a": a, "b": b, "exceeds": bool(exceeds), "note": note}
+def _check(check: str, where: str, a, b, exceeds: bool, note: str = "", unit: str | None = None) -> dict:
+    """One check; ``unit`` (e.g. "ns") where ``a`` and ``b`` are measures, absent for counts and flags."""
+    c = {"check": check, "where": where, "a": a, "b": b, "exceeds": bool(exceeds), "note": note}
+    if unit:
+        c["unit"] = unit
+    return c
 
 
 def p99(v: np.ndarray) -> float:
@@ -79,7 +83,7 @@ def distribution(check: str, where: str, a: np.ndarray, b: np.ndarray, o: DiffOp
         beyond_noise = abs(vb - va) > o.noise_factor * noise
         out.append(_check(f"{check}.{stat}", where, va, vb, abs(rel) > limit and beyond_noise,
                           f"{rel:+.1%} (limit ±{limit:.0%}); noise {noise:,.0f} ns x {o.noise_factor:g}"
-                          + ("" if beyond_noise else ": within noise")))
+                          + ("" if beyond_noise else ": within noise"), unit="ns"))
     return out
 
 
@@ -160,7 +164,7 @@ def _nodes(ga, gb, where: str, o: DiffOptions) -> list[dict]:
         rel, k, c = worst
         out.append(_check(f"{what}.{stat}", where, c["a"], c["b"], bool(over),
                           f"{len(over)} of {n} nodes beyond thresholds{': ' + str(over[:8]) if over else ''}; "
-                          f"largest change node #{k}: {c['note']}"))
+                          f"largest change node #{k}: {c['note']}", unit=c.get("unit")))
     return out
 
 
@@ -243,14 +247,15 @@ def lines(res: dict) -> list[str]:
     """The text report: one line per check (``!`` where it exceeds), then the verdict."""
     def fmt(v):
         if isinstance(v, float):
-            return f"{v:,.1f}"
+            return f"{v:,.0f}" if v.is_integer() else f"{v:,.1f}"
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
     out = [f"diff {res['a']} -> {res['b']}"]
     for c in res["checks"]:
         mark = "!" if c["exceeds"] else " "
         note = f" ({c['note']})" if c["note"] else ""
-        out.append(f"{mark} {c['where']}: {c['check']}: {fmt(c['a'])} -> {fmt(c['b'])}{note}")
+        unit = f" {c['unit']}" if c.get("unit") else ""
+        out.append(f"{mark} {c['where']}: {c['check']}: {fmt(c['a'])}{unit} -> {fmt(c['b'])}{unit}{note}")
     out.append("ok: no change beyond the thresholds" if not res["exceeding"]
                else f"CHANGED: {res['exceeding']} check{'s' if res['exceeding'] != 1 else ''} beyond the thresholds")
     return out
