@@ -383,3 +383,32 @@ def test_torch_probe_pooled_and_per_cache(tmp_path):
             v = d.records("value_digest")
         bad = [(int(x["cache_id"]), int(x["slot"])) for x in v if x["expected"] != x["actual"]]
         assert bad == [(1, 9)], name
+
+
+def test_paged_plants_workload_each_plant_caught_by_its_check(tmp_path):
+    """native/workloads/paged_plants.py (numpy backend, no tracer: the GPU run adds the write-address records):
+    clean passes; stale-k is a wrong value only; live-twice a live overwrite only (validate runs the ownership check
+    from the probe's mapping, no slot_write needed); late-table the location canary's and the value canary's
+    missing writes."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    p = subprocess.run([sys.executable, str(ROOT / "native/workloads/paged_plants.py"), "--out", str(tmp_path),
+                        "--mode", "all", "--backend", "numpy", "--no-check"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    want = {"clean": set(), "stale-k": {"canary-wrong-value"}, "live-twice": {"writes-live-overwrite"},
+            "late-table": {"canary-unexpected-write", "canary-missing-write", "canary-value-not-written"}}
+    for mode, codes in want.items():
+        r, res = _validate(tmp_path / f"paged-{mode}.kvdump")
+        assert _errors(res) == codes and r.returncode == (1 if codes else 0), (mode, r.stdout[-2000:])
+    _r, res = _validate(tmp_path / "paged-stale-k.kvdump")
+    (inc,) = [i for i in res["incidents"] if i["code"] == "canary-wrong-value"]
+    assert inc["message"].startswith("context 0 step 5: 4 tokens (") and inc["message"].endswith(
+        "in 2 of 4 caches ('L0.k', 'L1.k')")
+    live = [f["message"] for f in _validate(tmp_path / "paged-live-twice.kvdump")[1]["findings"]
+            if f["code"] == "writes-live-overwrite"]
+    assert live[0] == ("step 3: request 5's token mapped to slot 16, which holds request 2's token from step 0; "
+                       "request 2 is still running (it maps tokens until step 6)")

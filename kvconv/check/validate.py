@@ -165,7 +165,7 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
 
             can = canary.check(d)
             rep.findings.extend(can.findings)
-        if structurally_sound and options.canary and d.groups_of("slot_write"):
+        if structurally_sound and options.canary and (d.groups_of("slot_write") or d.groups_of("write_step")):
             from kvconv.check.canary import writes as writes_canary
 
             writes = writes_canary.check(d, path=path)

@@ -178,7 +178,10 @@ def _pooled(caches: list[_Cache]):
         return None
     import torch
 
-    flat = torch.empty(0, dtype=torch.uint8, device=caches[0].tensor.device).set_(st).view(torch.int64)
+    try:  # the whole storage as int64 words (a view)
+        flat = torch.empty(0, dtype=torch.uint8, device=caches[0].tensor.device).set_(st).view(torch.int64)
+    except (RuntimeError, TypeError):  # pragma: no cover - a storage torch will not view: one gather per cache
+        return None
     return flat, torch.tensor([o // 8 for o in offs], dtype=torch.int64, device=flat.device), w // 8
 
 
@@ -248,7 +251,7 @@ class ValueProbe:
             self.expect_values(step, name, rows)
         t0 = time.perf_counter_ns()
         live = [(c, self._live(c, slots, pads)) for c in self.caches]
-        before = self._digests([(c, c.gather(idx)) for c, (_, idx) in live], live) if self.before else None
+        before = self._digests(live) if self.before else None
         sources = {c.cache_id: self._rows_digest(c, c.source, tok) for c, (tok, _) in live
                    if c.source is not None}
         reference = None
@@ -266,7 +269,7 @@ class ValueProbe:
             self._step = None
             raise
         t2 = time.perf_counter_ns()
-        after = self._digests([(c, c.gather(idx)) for c, (_, idx) in live], live)
+        after = self._digests(live)
         todo = []
         for c, (tok, _idx) in live:
             step_rows = self._expect.pop(c.cache_id, None)
@@ -301,19 +304,19 @@ class ValueProbe:
             return tok, torch.as_tensor(slots[tok], dtype=torch.int64).to(c.tensor.device, non_blocking=True)
         return tok, slots[tok]
 
-    def _digests(self, gathered, live) -> dict[int, object]:
-        """Digest of every cache's gathered rows: torch caches sharing one storage in one gather and one digest
-        (kept on the device until the step's one read-back)."""
-        pool = _pooled([c for c, _ in gathered])
-        if pool is not None and len({len(t) for _c, (t, _i) in live}) == 1:
+    def _digests(self, live) -> dict[int, object]:
+        """Digest of every cache's slots of the step: torch caches sharing one storage in one gather and one digest
+        (kept on the device until the step's one read-back), others one gather each."""
+        pool = _pooled([c for c, _ in live])
+        if pool is not None and len({len(t) for _c, (t, _i) in live}) == 1 and len(live[0][1][0]):
             import torch
 
             flat, base, w = pool
             idx = torch.stack([i for _c, (_t, i) in live])  # [C, k] slots
             at = (base[:, None, None] + idx[:, :, None] * w + torch.arange(w, device=flat.device)).reshape(-1)
             d = digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(live), -1)
-            return {c.cache_id: d[k] for k, (c, _) in enumerate(gathered)}
-        return {c.cache_id: digest_rows(rows) for c, rows in gathered}
+            return {c.cache_id: d[k] for k, (c, _) in enumerate(live)}
+        return {c.cache_id: digest_rows(c.gather(idx)) for c, (_t, idx) in live}
 
     def _rows_digest(self, c: _Cache, rows, tok: np.ndarray):
         n = int(rows.shape[0])
