@@ -114,9 +114,9 @@ def coverage(d, *, canary_steps: int, write_steps: int) -> Finding | None:
 
 
 def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float = 0.6) -> list[str]:
-    """The loaded kernel names closest to the ``-k`` patterns, best first, as a person types them: a name's function
-    (its demangled name without return type, scopes, template arguments and parameters: a substring ``-k`` matches)
-    or, where that is not closer, the whole name (demangled). A pattern is compared with each (difflib's ratio)."""
+    """The loaded kernel names closest to the ``-k`` patterns, best first, as a person types them: each name's
+    function (its demangled name without return type, scopes, template arguments and parameters: a substring ``-k``
+    matches), a pattern compared (difflib's ratio) with it and with the whole demangled name."""
     from kvconv.check.reconcile.launches import short_name
     from kvconv.names import demangle
 
@@ -126,7 +126,7 @@ def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float
         short = short_name(full) or full
         keys.setdefault(short, short)
         if full != short and len(full) <= 200:
-            keys.setdefault(full, full)
+            keys.setdefault(full, short)
     best: dict[str, float] = {}
     for p in patterns:
         sm = difflib.SequenceMatcher()

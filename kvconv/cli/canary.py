@@ -1,8 +1,11 @@
 """``kvconv canary DUMP [--json]``: pages changed outside the expected set, and expected pages that did not change.
 
-Exit status (docs/CANARY.md): 0 when canary records were checked and every one is clean; 1 when any page was written
-unexpectedly, an expected page did not change, or a canary record is damaged; 2 when the dump cannot be read; 4 when
-there was nothing to check (no canary record in the dump): nothing checked is not a pass.
+The canary part of the dump's one verdict (kvconv.check.verdict.part: the canary's findings and the dump's own state,
+judged as kvconv validate judges the whole; the exit status from schemas/codes.json ``verdicts``; docs/CANARY.md):
+0 when canary records were checked and every one is clean; 1 when any page was written unexpectedly, an expected page
+did not change, or a canary record is damaged; 2 when the dump cannot be read; 4 when there was nothing to check (no
+canary record in the dump): nothing checked is not a pass; 5 when the records checked are clean but the producer did
+not finish (a live dump: what it had not published is unknown). Kernel names demangled in the text.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from kvconv.cli.common import JSON, PROGRESS, SALVAGE
 app = typer.Typer()
 
 _LAST_LINE = {"ok": "ok", "failed": "FAILED",
-              "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)"}
+              "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)",
+              "incomplete": "INCOMPLETE (the producer did not finish: the records it published are clean, the rest "
+                            "unknown)"}
+
+
+def part_verdict(d, res, *, checked: bool) -> str:
+    """The canary part of the dump's verdict: the check's findings with the dump's own (structure, producer state)."""
+    from kvconv.check import verdict
+
+    return verdict.part(list(d.problems) + list(res.findings), checked=checked)
 
 
 @app.command("canary")
@@ -38,7 +50,7 @@ def canary_cmd(
 
     Example: kvconv canary run.kvdump --json
     """
-    from kvconv.check import canary
+    from kvconv.check import canary, verdict
     from kvconv.cli.common import Outcome, finish, open_or_finish
     from kvconv.format import dump
     from kvconv.progress import Progress, ProgressOptions
@@ -53,18 +65,20 @@ def canary_cmd(
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
                       options=ProgressOptions.from_cli(progress=progress)) as bar:
             res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing), progress=bar.update)
-        code = canary.EXIT_CODES[res.verdict]
+        v = part_verdict(d, res, checked=bool(res.counts["steps_checked"]))
+        code = verdict.EXIT_CODES[v]
         if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
             finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)
-        _report(res, out, all_steps=all_steps)
+        _report(res, out, all_steps=all_steps, state=v)
     out.flush()
     if code:
         raise typer.Exit(code)
     return 0
 
 
-def _report(res, out, *, all_steps: bool) -> None:
+def _report(res, out, *, all_steps: bool, state: str) -> None:
     s = res.summary()
+    from kvconv.names import demangle_text
     from kvconv.wording import counted
 
     out.write(f"{res.path}: {counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} checked: "
@@ -76,8 +90,8 @@ def _report(res, out, *, all_steps: bool) -> None:
                   f"{len(st['excluded'])}: unexpected {_pages(st['unexpected'])} missing "
                   f"{_pages(st['missing'])}\n")
     for f in res.findings:
-        out.write(f.line() + "\n")
-    out.write(_LAST_LINE[res.verdict] + "\n")
+        out.write(demangle_text(f.line()) + "\n")
+    out.write(_LAST_LINE[state] + "\n")
 
 
 def _pages(pages: list[int]) -> str:

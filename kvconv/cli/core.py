@@ -26,12 +26,13 @@ from kvconv.cli.common import (
 )
 from kvconv.format.errors import FormatError
 from kvconv.format.findings import Finding
+from kvconv.names import demangle, demangle_text
 from kvconv.wording import counted
 
 app = typer.Typer()
 
 
-def _info_text(path: str, info: dict) -> str:
+def _info_text(path: str, info: dict, rep=None) -> str:
     from kvconv.format.layout import KINDS
 
     blobs = {k.name for k in KINDS.values() if not k.layout}  # byte blobs (metadata, strings): no records
@@ -68,7 +69,15 @@ def _info_text(path: str, info: dict) -> str:
             lines.append("counters: " + ", ".join(f"{k}={v!r}" for k, v in sorted(meta["counters"].items())))
     if info.get("metadata_error"):
         lines.append(f"metadata: unreadable ({info['metadata_error']})")
-    lines.extend(Finding(**f).line() for f in info["findings"])
+    if info.get("kernels"):
+        ks = info["kernels"]
+        lines.append(f"kernels: {counted(len(ks), 'kernel')} in the table: "
+                     + ", ".join(f"{demangle(k['name'])} (slot {k['slot']})" for k in ks[:4])
+                     + (f", {len(ks) - 4:,} more" if len(ks) > 4 else ""))
+    if rep is None:  # no verdict (not readable as a whole): the structure's findings
+        lines.extend(demangle_text(Finding(**f).line()) for f in info["findings"])
+    else:  # the one verdict, as kvconv validate tells it (its findings include the checksums' above)
+        lines.extend(_verdict_lines(rep))
     return "\n".join(lines)
 
 
@@ -84,8 +93,24 @@ def _info_one(path: Path, opts, popts) -> Outcome:
         with dumpmod.open(path, options=opts) as d, Progress(f"info {path.name}", total=d.size, size_bytes=d.size,
                                                              options=popts) as bar:
             info = describe(d, progress=bar.update)
+            info["kernels"] = [{"slot": slot, "name": name, "context_id": ctx} for ctx, _dev in d.contexts()
+                               for slot, name in sorted(d.kernel_names(context_id=ctx).items())]
+        # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON. info's
+        # exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
+        rep = _judged(path, opts.salvage)
+    info["verdict"] = {k: v for k, v in rep.to_dict().items() if k in _VERDICT_KEYS}
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
-    return Outcome(str(path), code, info, text=_info_text(str(path), info))
+    return Outcome(str(path), code, info, text=_info_text(str(path), info, rep))
+
+
+_VERDICT_KEYS = ("verdict", "exit_code", "errors", "warnings", "incidents")
+
+
+def _judged(path: Path, salvage: bool):
+    from kvconv.check.validate import ValidateOptions
+    from kvconv.check.validate import validate as run_validate
+
+    return run_validate(path, options=ValidateOptions(salvage=salvage))
 
 
 _STATE = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED",
@@ -93,7 +118,6 @@ _STATE = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKE
 
 
 def _validate_one(path: Path, opts, popts=None, *, all_findings: bool = False) -> Outcome:
-    from kvconv.check import verdict
     from kvconv.check.validate import validate as run_validate
     from kvconv.progress import Progress, ProgressOptions
 
@@ -111,7 +135,14 @@ def _validate_one(path: Path, opts, popts=None, *, all_findings: bool = False) -
         err = FormatError(first.message, path=first.path, offset=first.offset, field=first.field, group=first.group,
                           code=first.code)
         return Outcome(r.path, r.exit_code, result, error=err)
-    # Incidents first (findings of one cause are one line); --all: the grouped ones, then every finding.
+    return Outcome(r.path, r.exit_code, result, text="\n".join(_verdict_lines(r, all_findings=all_findings)))
+
+
+def _verdict_lines(r, *, all_findings: bool = False) -> list[str]:
+    """A validate report told in text (validate's, and info's last lines): the incidents (findings of one cause are
+    one line; --all: the grouped ones, then every finding), then the verdict line. Kernel names demangled."""
+    from kvconv.check import verdict
+
     if all_findings:
         lines = [verdict.line(i) for i in r.incidents if i["where"]] + [f.line() for f in r.findings]
     else:
@@ -120,7 +151,7 @@ def _validate_one(path: Path, opts, popts=None, *, all_findings: bool = False) -
     inc = f"; {counted(len(r.incidents), 'incident')}" if grouped else ""
     lines.append(f"{r.path}: {_STATE[r.verdict]} ({counted(r.errors, 'error')}, {counted(r.warnings, 'warning')}"
                  f"{inc}; {counted(r.groups, 'group')}, {counted(r.size, 'byte')})")
-    return Outcome(r.path, r.exit_code, result, text="\n".join(lines))
+    return [demangle_text(x) for x in lines]
 
 
 @app.command()
@@ -131,8 +162,9 @@ def info(
     progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> None:
-    """Show a dump's record groups, counts, capacities, drops, clock domains and run metadata, and verify its
-    payload checksums. Exit 0 readable and intact, 1 a checksum does not match, 2 unreadable.
+    """Show a dump's record groups, counts, capacities, drops, clock domains, run metadata and kernels, verify its
+    payload checksums, and state its verdict (kvconv validate's, last line; JSON: verdict). Exit 0 readable and
+    intact, whatever the verdict, 1 a checksum does not match, 2 unreadable (the verdict's status: kvconv validate).
 
     Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
     """

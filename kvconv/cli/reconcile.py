@@ -76,7 +76,9 @@ def reconcile_cmd(
             code = max(code, verdict.EXIT_CODES["nothing-checked"]) if code == 0 else code
         results.append(r)
         reports.append((p, rep))
-        return Outcome(r.path, code, rep, text="\n".join(lines))
+        from kvconv.names import demangle_text  # kernel names demangled in the text, kept as they are in --json
+
+        return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
 
     outcomes = each(dump_paths, one)
     cross = skew.cross_dump([p for p, _ in reports], [r for _, r in reports])

@@ -48,7 +48,9 @@ class Page:
 
 
 def _e(s) -> str:
-    return html.escape(str(s), quote=True)
+    from kvconv.names import demangle_text  # the page is read by people: kernel names demangled (kvconv/names.py)
+
+    return html.escape(demangle_text(str(s)), quote=True)
 
 
 class _Doc:
