@@ -412,3 +412,14 @@ def test_paged_plants_workload_each_plant_caught_by_its_check(tmp_path):
             if f["code"] == "writes-live-overwrite"]
     assert live[0] == ("step 3: request 5's token mapped to slot 16, which holds request 2's token from step 0; "
                        "request 2 is still running (it maps tokens until step 6)")
+
+
+def test_a_step_of_padding_rows_only_records_nothing(tmp_path):
+    caches = [np.zeros((4, PAGE, N), np.int16) for _ in range(2)]
+    with ValueProbe(tmp_path / "pad.kvdump") as vp:
+        for i, c in enumerate(caches):
+            vp.watch(c, name=f"c{i}", page_size=PAGE)
+        with vp.step(0, [-1, -1], [0, 0], expect={"c0": np.zeros((2, N), np.int16), "c1": np.zeros((2, N), np.int16)}):
+            pass
+    with dump.open(tmp_path / "pad.kvdump") as d:
+        assert len(d.records("value_digest")) == 0

@@ -60,6 +60,12 @@ def _is_torch(x) -> bool:
     return hasattr(x, "untyped_storage") and hasattr(x, "data_ptr")
 
 
+def _width(rows) -> int:
+    """Bytes per row of ``rows`` ([n, ...]), also when n is 0."""
+    size = int(rows.element_size()) if _is_torch(rows) else int(rows.itemsize)
+    return size * int(np.prod(tuple(rows.shape[1:]), dtype=np.int64))
+
+
 def _mix(z):
     """splitmix64's finaliser on int64 words (numpy or torch): logical shifts as masked arithmetic ones."""
     z = (z ^ ((z >> 30) & _MASK[30])) * _M1
@@ -74,14 +80,14 @@ def row_words(rows):
     if _is_torch(rows):
         import torch
 
-        b = rows.contiguous().view(torch.uint8).reshape(n, -1)
-        width = int(b.shape[1])
+        width = _width(rows)
+        b = rows.contiguous().view(torch.uint8).reshape(n, width)
         for size, dt in ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.int8)):
             if width % size == 0:
                 w = b.view(dt)
                 return w if dt == torch.int64 else w.to(torch.int64)
-    b = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
-    width = int(b.shape[1])
+    width = _width(rows)
+    b = np.ascontiguousarray(rows).view(np.uint8).reshape(n, width)
     for size, dt in ((8, np.int64), (4, np.int32), (2, np.int16), (1, np.int8)):
         if width % size == 0:
             return b.view(dt).astype(np.int64, copy=False)
@@ -119,6 +125,38 @@ def _host(x, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dtype)
 
 
+def _bytes(rows, n: int):
+    """``rows`` ([n, ...]) as bytes ``[n, row_bytes]`` (a view where the layout allows)."""
+    if _is_torch(rows):
+        import torch
+
+        return rows.contiguous().view(torch.uint8).reshape(n, _width(rows))
+    return np.ascontiguousarray(rows).view(np.uint8).reshape(n, _width(rows))
+
+
+def _digest_many(rows: dict) -> dict:
+    """{key: bytes [k, row_bytes]} -> {key: digests [k]}: rows of one shape on one device stacked and digested in
+    one pass (a step's 80 caches: one digest, not 80)."""
+    groups: dict = {}
+    for key, r in rows.items():
+        dev = str(r.device) if _is_torch(r) else None
+        groups.setdefault((dev, tuple(r.shape)), []).append(key)
+    out = {}
+    for (dev, shape), keys in groups.items():
+        if len(keys) == 1 or not shape[0]:
+            out.update({k: digest_rows(rows[k]) for k in keys})
+            continue
+        if dev is not None:
+            import torch
+
+            stacked = torch.stack([rows[k] for k in keys])
+        else:
+            stacked = np.stack([rows[k] for k in keys])
+        d = digest_rows(stacked.reshape(len(keys) * shape[0], shape[1])).reshape(len(keys), shape[0])
+        out.update({k: d[i] for i, k in enumerate(keys)})
+    return out
+
+
 def _read_back(arrays) -> np.ndarray:
     """int64 digests (numpy, or torch on any device) concatenated on the host: one copy for the torch ones."""
     if not arrays:
@@ -148,7 +186,7 @@ class _Cache:
                 raise ValueError(f"cache {name!r}: {nbytes} bytes do not split into {slots} slots of equal size")
             slot_bytes = nbytes // slots
         self.slot_bytes, self.num_slots = int(slot_bytes), nbytes // int(slot_bytes)
-        flat = cache.reshape(-1) if self.torch else cache.reshape(-1)
+        flat = cache.reshape(-1)
         if self.torch:
             import torch
 
@@ -250,17 +288,18 @@ class ValueProbe:
         for name, rows in (expect or {}).items():
             self.expect_values(step, name, rows)
         t0 = time.perf_counter_ns()
-        live = [(c, self._live(c, slots, pads)) for c in self.caches]
+        memo: dict = {}
+        live = [(c, self._live(c, slots, pads, memo)) for c in self.caches]
         before = self._digests(live) if self.before else None
-        sources = {c.cache_id: self._rows_digest(c, c.source, tok) for c, (tok, _) in live
-                   if c.source is not None}
+        sources = _digest_many({c.cache_id: self._rows(c, c.source, tok) for c, (tok, _) in live
+                                if c.source is not None})
         reference = None
         if eager is not None:
             copies = {c.name: (c.tensor.clone() if c.torch else c.tensor.copy()) for c in self.caches}
             eager(copies)
-            reference = {c.cache_id: digest_rows(_Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
+            reference = _digest_many({c.cache_id: _Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
                                                          page_size=c.page_size, slot_bytes=c.slot_bytes,
-                                                         source=None).gather(idx)) for c, (_, idx) in live}
+                                                         source=None).gather(idx) for c, (_, idx) in live})
         t1 = time.perf_counter_ns()
         try:
             yield self
@@ -270,18 +309,24 @@ class ValueProbe:
             raise
         t2 = time.perf_counter_ns()
         after = self._digests(live)
-        todo = []
+        given = {}
         for c, (tok, _idx) in live:
             step_rows = self._expect.pop(c.cache_id, None)
             if step_rows is not None and step_rows[0] == int(step):
-                exp, flag = self._rows_digest(c, step_rows[1], tok), FLAGS["given"]
+                given[c.cache_id] = self._rows(c, step_rows[1], tok)
+        given = _digest_many(given)
+        todo = []
+        for c, (tok, _idx) in live:
+            if c.cache_id in given:
+                exp, flag = given[c.cache_id], FLAGS["given"]
             elif reference is not None:
                 exp, flag = reference[c.cache_id], FLAGS["eager"]
             elif c.cache_id in sources:
                 exp, flag = sources[c.cache_id], FLAGS["source"]
             else:
                 continue  # nothing says what this cache should hold: not checked
-            todo.append((c, tok, flag, [exp, after[c.cache_id]] + ([before[c.cache_id]] if before is not None else [])))
+            bef = [before[c.cache_id]] if before is not None else []
+            todo.append((c, tok, flag, [exp, after[c.cache_id], *bef]))
         host = _read_back([a for *_x, arrays in todo for a in arrays])  # the step's one synchronisation
         at = 0
         for c, tok, flag, arrays in todo:
@@ -295,14 +340,19 @@ class ValueProbe:
         self.steps += 1
         self.timings.append((t1 - t0, time.perf_counter_ns() - t2))
 
-    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray):
-        """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device)."""
-        tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
-        if c.torch:
-            import torch
+    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray, memo: dict):
+        """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device),
+        made once per step for every cache of one size on one device."""
+        key = (c.num_slots, str(c.tensor.device) if c.torch else None)
+        if key not in memo:
+            tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
+            if c.torch:
+                import torch
 
-            return tok, torch.as_tensor(slots[tok], dtype=torch.int64).to(c.tensor.device, non_blocking=True)
-        return tok, slots[tok]
+                memo[key] = tok, torch.as_tensor(slots[tok], dtype=torch.int64).to(c.tensor.device, non_blocking=True)
+            else:
+                memo[key] = tok, slots[tok]
+        return memo[key]
 
     def _digests(self, live) -> dict[int, object]:
         """Digest of every cache's slots of the step: torch caches sharing one storage in one gather and one digest
@@ -316,23 +366,27 @@ class ValueProbe:
             at = (base[:, None, None] + idx[:, :, None] * w + torch.arange(w, device=flat.device)).reshape(-1)
             d = digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(live), -1)
             return {c.cache_id: d[k] for k, (c, _) in enumerate(live)}
-        return {c.cache_id: digest_rows(c.gather(idx)) for c, (_t, idx) in live}
+        return _digest_many({c.cache_id: c.gather(idx) for c, (_t, idx) in live})
 
-    def _rows_digest(self, c: _Cache, rows, tok: np.ndarray):
+    def _rows(self, c: _Cache, rows, tok: np.ndarray):
+        """The rows of tokens ``tok`` (bytes ``[k, slot_bytes]``) of ``rows`` given for cache ``c``: all of them
+        as they are when every token is checked (no copy), else the selection."""
         n = int(rows.shape[0])
         if len(tok) and int(tok[-1]) >= n:
             raise ValueError(f"cache {c.name!r}: {n} rows given for a step mapping token {int(tok[-1])}")
+        every = len(tok) == n
         if _is_torch(rows):
             import torch
 
-            sel = rows.index_select(0, torch.as_tensor(tok, dtype=torch.int64).to(rows.device))
+            sel = rows if every else rows.index_select(0, torch.as_tensor(tok, dtype=torch.int64).to(rows.device))
+            nbytes = int(sel.numel()) * int(sel.element_size())
         else:
-            sel = np.asarray(rows)[tok]
-        nbytes = (int(sel.numel()) * int(sel.element_size()) if _is_torch(sel) else int(sel.nbytes))
+            sel = np.asarray(rows) if every else np.asarray(rows)[tok]
+            nbytes = int(sel.nbytes)
         if len(tok) and nbytes != len(tok) * c.slot_bytes:
             raise ValueError(f"cache {c.name!r}: a row is {nbytes // max(1, len(tok))} bytes, a slot "
                              f"{c.slot_bytes}")
-        return digest_rows(sel)
+        return _bytes(sel, len(tok))
 
     def _record(self, step, c: _Cache, slots, reqs, tok, exp, act, bef, flag) -> None:
         r = np.zeros(len(tok), layout.DTYPES["value_digest"])
