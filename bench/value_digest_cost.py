@@ -1,0 +1,183 @@
+"""The value canary's cost (issue 29 item 1): the digests of a 40-layer decode step's written rows at batch 64
+(kvconv.capture.probe.values.ValueProbe) against the step's own time. Goal: within 5 % of the step.
+
+    PYTHONPATH=. python3 bench/value_digest_cost.py --json bench/value_digest_cost.h200.json     # on the GPU
+    PYTHONPATH=. python3 bench/value_digest_cost.py --small                                       # smoke run, CPU
+
+The step: one CUDA graph of ``--layers`` decoder layers of a dense GQA model (hidden 4096, 8 KV heads x 128, FFN
+14336: an 8B shape), batch ``--batch``: per layer QKV projection, the K/V append of every row into its paged cache
+slot (``index_copy_``), the output projection and a SwiGLU MLP, RMS-normalised. One layer's weights serve every
+layer (436 MiB: 9x the H200's L2, so each layer still streams them from memory). Attention over the context is
+left out: the step here is shorter than a real one, so the overhead it gives is an upper bound.
+
+Per variant, ``--steps`` timed steps (after ``--warmup``), each ``replay(); synchronize()`` as an engine that reads
+its sampled tokens back does, with and without the probe around it (wall clock, median):
+  pooled        the 2 x layers caches are views of one pool tensor: one gather for all of them (the probe sees it)
+  apart         every cache its own tensor: one gather per cache, then one digest over all
+  pooled-after  pooled, without the digest before the step (before=False: a missed write then reads as wrong value)
+The probe digests, per step, the expected rows (the K/V the step wrote, given with ``expect=``), and the slots after
+(and before) the step: 3 x 2 x layers x batch rows of 2 KiB. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def build(args, torch, pooled: bool):
+    dev, dt = args.device, torch.bfloat16
+    h, kvd, ffn, L, B = args.hidden, args.kv_heads * args.head_dim, args.ffn, args.layers, args.batch
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=g) / shape[0] ** 0.5).to(dev, dt)
+
+    wqkv, wo, wup, wdown = w(h, h + 2 * kvd), w(h, h), w(h, 2 * ffn), w(ffn, h)
+    if pooled:
+        pool = torch.zeros(2 * L, args.num_pages, args.page_size, kvd, dtype=dt, device=dev)
+        caches = [pool[i] for i in range(2 * L)]
+    else:
+        caches = [torch.zeros(args.num_pages, args.page_size, kvd, dtype=dt, device=dev) for _ in range(2 * L)]
+    flat = [c.view(-1, kvd) for c in caches]
+    x_in = torch.randn(B, h, generator=g).to(dev, dt)
+    slots = torch.zeros(B, dtype=torch.int64, device=dev)
+    outs = {}
+
+    def body():
+        x = x_in
+        for layer in range(L):
+            qkv = x @ wqkv
+            k, v = qkv[:, h:h + kvd], qkv[:, h + kvd:]
+            flat[2 * layer].index_copy_(0, slots, k)
+            flat[2 * layer + 1].index_copy_(0, slots, v)
+            outs[2 * layer], outs[2 * layer + 1] = k, v  # the rows the step writes (static in the graph)
+            x = x + qkv[:, :h] @ wo
+            up = x @ wup
+            x = x + (torch.nn.functional.silu(up[:, :ffn]) * up[:, ffn:]) @ wdown
+            x = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(dt)
+
+    if dev.startswith("cuda"):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            body()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        torch.cuda.synchronize()
+        replay = graph.replay
+    else:
+        body()
+        replay = body
+    return caches, outs, slots, replay
+
+
+def sync(torch, dev):
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_variant(args, torch, name: str) -> dict:
+    from kvconv.capture.probe.values import ValueProbe
+    from kvconv.capture.probe.writer import CanaryRecorder
+
+    pooled = name != "apart"
+    caches, outs, slots, replay = build(args, torch, pooled)
+    B, P = args.batch, args.page_size
+    step_slots = [(1 + 2 * r) * P for r in range(B)]  # row r writes the first slot of its own page
+
+    def set_slots(step):
+        host = [s + step % P for s in step_slots]
+        slots.copy_(torch.tensor(host, dtype=torch.int64))
+        return host
+
+    base = []
+    for step in range(args.warmup + args.steps):
+        set_slots(step)
+        t = time.perf_counter_ns()
+        replay()
+        sync(torch, args.device)
+        if step >= args.warmup:
+            base.append(time.perf_counter_ns() - t)
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = CanaryRecorder(os.path.join(tmp, "v.kvdump"))
+        vp = ValueProbe(rec, before=name != "pooled-after")
+        names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
+        for c, n in zip(caches, names):
+            vp.watch(c, name=n, page_size=P)
+        reqs = list(range(1, B + 1))
+        probed, wrong = [], 0
+        for step in range(args.warmup + args.steps):
+            host = set_slots(step)
+            t = time.perf_counter_ns()
+            with vp.step(step, host, reqs, expect={n: outs[i] for i, n in enumerate(names)}):
+                replay()
+            if step >= args.warmup:
+                probed.append(time.perf_counter_ns() - t)
+        rec.close()
+        from kvconv.format import dump
+
+        with dump.open(os.path.join(tmp, "v.kvdump")) as d:
+            v = d.records("value_digest")
+            wrong = int((v["expected"] != v["actual"]).sum())
+            records = len(v)
+    warm = vp.timings[args.warmup:]
+    med_b, med_p = statistics.median(base), statistics.median(probed)
+    return {"variant": name, "step_ms": round(med_b / 1e6, 4), "step_with_probe_ms": round(med_p / 1e6, 4),
+            "overhead_pct": round(100 * (med_p - med_b) / med_b, 2),
+            "probe_before_ms": round(statistics.median(t for t, _ in warm) / 1e6, 4),
+            "probe_after_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
+            "step_p90_ms": round(sorted(base)[int(0.9 * (len(base) - 1))] / 1e6, 4),
+            "with_probe_p90_ms": round(sorted(probed)[int(0.9 * (len(probed) - 1))] / 1e6, 4),
+            "records": records, "wrong_values": wrong}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--ffn", type=int, default=14336)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--num-pages", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--variants", default="pooled,apart,pooled-after")
+    ap.add_argument("--small", action="store_true", help="a tiny shape for a smoke run (CPU)")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args(argv)
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.small:
+        args.layers, args.batch, args.hidden, args.kv_heads, args.head_dim, args.ffn = 4, 8, 256, 2, 64, 512
+        args.num_pages, args.steps, args.warmup = 64, 10, 2
+    if 2 * args.batch + 1 > args.num_pages:
+        ap.error("--num-pages must exceed 2 x --batch (each row writes its own page)")
+    out = {"bench": "value_digest_cost", "torch": torch.__version__, "device": args.device,
+           "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+           "layers": args.layers, "batch": args.batch, "caches": 2 * args.layers,
+           "row_bytes": args.kv_heads * args.head_dim * 2, "steps": args.steps, "goal_pct": 5.0,
+           "variants": [run_variant(args, torch, v) for v in args.variants.split(",")]}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
