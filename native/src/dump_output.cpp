@@ -116,6 +116,10 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   j.kv("written_at", reason);
   write_settings(j);
   write_counters(j, totals(cs));
+  // the kernels of every loaded module (bounded: patching.cpp), for a pattern that matched nothing
+  const LoadedKernels lk = loaded_kernels();
+  j.strings("loaded_kernels", lk.names).kv("loaded_kernels_dropped", lk.dropped);
+  j.kv("loaded_kernel_images_unlisted", lk.images_unlisted);
   j.key("contexts").begin_array();
   for (Ctx* c : cs) {
     j.begin_object().kv("context_id", c->index).kv("device_id", c->device);

@@ -28,6 +28,7 @@ static Sanitizer_SubscriberHandle g_sub = nullptr;
 
 static void on_module_loaded(const Sanitizer_ResourceModuleData* md) {
   Ctx* c = get_ctx(md->context);
+  note_loaded_kernels(c->index, md->pCubin, md->cubinSize);  // metadata loaded_kernels (patching.cpp)
   bool has = cubin_has_target(md->pCubin, md->cubinSize);
   logf(2, "context %u: module %p loaded: cubin %zu bytes%s, %s", c->index, (void*)md->module, (size_t)md->cubinSize,
        md->pCubin ? "" : " (no image)", has ? "target token found: patching" : "no target");

@@ -1,6 +1,7 @@
 // Which modules and functions are targets, patching them, and the callback data every function of a patched module
 // gets before it can run (never garbage: the seed's misaligned-address crash).
 #include <cxxabi.h>
+#include <elf.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -104,6 +105,85 @@ void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_
     if (SAN(sanitizerSetCallbackData(f, reinterpret_cast<void*>(ud)))) c->functions_given_data.fetch_add(1);
     c->fn_data[f] = ud;
   }
+}
+
+// ------------------------------------------------------------------ loaded kernel names
+
+static std::mutex g_loaded_mu;
+static LoadedKernels g_loaded;                      // g_loaded_mu
+static std::unordered_set<uint64_t> g_loaded_seen;  // FNV-1a of every distinct name seen (8 bytes a name)
+static size_t g_loaded_bytes = 0;
+
+static uint64_t fnv1a(const char* s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 1099511628211ull;
+  return h;
+}
+
+// The global functions of an ELF64 image's symbol tables, `entries`: only the kernels (STO_CUDA_ENTRY in st_other)
+// where the image marks them. Every offset is checked against the image's size (a damaged image lists nothing).
+// Returns false when the image is not an ELF64 file with a symbol table.
+static bool elf_functions(const char* img, size_t size, bool entries, std::vector<std::pair<const char*, size_t>>& out) {
+  Elf64_Ehdr eh;
+  if (!img || size < sizeof eh || memcmp(img, ELFMAG, SELFMAG) != 0 || img[EI_CLASS] != ELFCLASS64) return false;
+  memcpy(&eh, img, sizeof eh);
+  if (!eh.e_shoff || eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shoff > size ||
+      eh.e_shnum > (size - eh.e_shoff) / sizeof(Elf64_Shdr))
+    return false;
+  auto section = [&](size_t i) {
+    Elf64_Shdr sh;
+    memcpy(&sh, img + eh.e_shoff + i * sizeof sh, sizeof sh);
+    return sh;
+  };
+  auto inside = [&](const Elf64_Shdr& sh) { return sh.sh_offset <= size && sh.sh_size <= size - sh.sh_offset; };
+  bool any = false;
+  for (size_t i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr sh = section(i);
+    if (sh.sh_type != SHT_SYMTAB || sh.sh_entsize != sizeof(Elf64_Sym) || sh.sh_link >= eh.e_shnum || !inside(sh))
+      continue;
+    const Elf64_Shdr st = section(sh.sh_link);
+    if (!inside(st)) continue;
+    any = true;
+    for (size_t k = 0; k < sh.sh_size / sizeof(Elf64_Sym); ++k) {
+      Elf64_Sym sym;
+      memcpy(&sym, img + sh.sh_offset + k * sizeof sym, sizeof sym);
+      const int bind = ELF64_ST_BIND(sym.st_info);
+      if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || (bind != STB_GLOBAL && bind != STB_WEAK)) continue;
+      if (entries && !(sym.st_other & 0x10)) continue;  // STO_CUDA_ENTRY: a __global__ function
+      if (sym.st_name >= st.sh_size) continue;
+      const char* name = img + st.sh_offset + sym.st_name;
+      const size_t n = strnlen(name, st.sh_size - sym.st_name);
+      if (n && n < st.sh_size - sym.st_name) out.emplace_back(name, n);  // NUL-terminated inside the table
+    }
+  }
+  return any;
+}
+
+void note_loaded_kernels(uint32_t ctx, const void* image, size_t size) {
+  const char* img = static_cast<const char*>(image);
+  std::vector<std::pair<const char*, size_t>> fns;
+  bool elf = elf_functions(img, size, true, fns);
+  if (elf && fns.empty()) elf = elf_functions(img, size, false, fns);  // no entry marks: every global function
+  std::lock_guard<std::mutex> lk(g_loaded_mu);
+  if (!elf) {
+    g_loaded.images_unlisted++;
+    return;
+  }
+  for (auto& [name, n] : fns) {
+    if (!g_loaded_seen.insert(fnv1a(name, n)).second) continue;
+    logf(2, "context %u: loaded kernel %.*s", ctx, static_cast<int>(n), name);
+    if (g_loaded.names.size() >= kLoadedKernelsMax || g_loaded_bytes + n > kLoadedKernelsBytes) {
+      g_loaded.dropped++;
+      continue;
+    }
+    g_loaded.names.emplace_back(name, n);
+    g_loaded_bytes += n;
+  }
+}
+
+LoadedKernels loaded_kernels() {
+  std::lock_guard<std::mutex> lk(g_loaded_mu);
+  return g_loaded;
 }
 
 }  // namespace kvtr

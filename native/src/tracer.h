@@ -185,6 +185,18 @@ bool patch_module(Ctx* c, CUmodule m);  // c->mu held
 uint32_t classify(Ctx* c, CUfunction f, const char* name, CUmodule m, bool launching);
 bool cubin_has_target(const char* cubin, size_t size);
 void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_t n);
+// The names of the kernels of every loaded module (metadata loaded_kernels: kvconv's coverage check offers the ones
+// closest to a -k pattern that matched nothing): the entry functions of the module's ELF image, the first
+// kLoadedKernelsMax distinct names (kLoadedKernelsBytes in all) kept, the rest counted.
+static const size_t kLoadedKernelsMax = 4096;
+static const size_t kLoadedKernelsBytes = 1 << 20;
+void note_loaded_kernels(uint32_t ctx, const void* image, size_t size);
+struct LoadedKernels {
+  std::vector<std::string> names;
+  uint64_t dropped = 0;          // distinct names seen beyond the bounds
+  uint64_t images_unlisted = 0;  // loaded modules without an ELF image to read names from
+};
+LoadedKernels loaded_kernels();
 uint64_t encode(const Ctx* c, uint32_t slot, uint64_t tag);
 
 // ------------------------------------------------------------------ device_buffer.cpp
