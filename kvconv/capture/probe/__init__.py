@@ -9,14 +9,16 @@
     canary.close()                                 # writes the dump; `kvconv canary run.kvdump` checks it
 
 torch is imported only when :class:`Canary` is used (``kvconv.capture.probe.torch_probe``); :class:`CanaryRecorder` (the
-record writer) needs numpy alone.
+record writer) and the value canary's :class:`ValueProbe` (``kvconv.capture.probe.values``: numpy, or torch tensors
+it is handed) need numpy alone.
 """
 
 from __future__ import annotations
 
+from kvconv.capture.probe.values import ValueProbe, digest_rows
 from kvconv.capture.probe.writer import CanaryRecorder
 
-__all__ = ["Canary", "CanaryRecorder", "StepResult", "expected_pages"]
+__all__ = ["Canary", "CanaryRecorder", "StepResult", "ValueProbe", "digest_rows", "expected_pages"]
 
 
 def __getattr__(name: str):
