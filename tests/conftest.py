@@ -1,13 +1,17 @@
-"""Shared test plumbing: the real CLI as a subprocess, the --update-goldens switch, GPU skipping, the tiers (``slow``
-tests run with ``--slow`` only), Perfetto's trace processor binary, and the check that the suite leaves < 100 MB."""
+"""Shared test plumbing: the real CLI (in-process, or as a subprocess), the --update-goldens switch, GPU skipping,
+the tiers (``slow`` tests run with ``--slow`` only), Perfetto's trace processor binary, and the check that the suite
+leaves < 100 MB."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import shutil
 import subprocess
 import sys
+import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,8 +128,9 @@ class Result:
     stderr: str
 
 
-def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 300) -> Result:
-    """Run ``python -m kvconv ARGS`` as a user would, and return its exit code and output."""
+def _cli_env(env: dict | None) -> dict:
+    """The environment a test's command runs in: the test process's, kvconv importable, no KVCONV_DEBUG, wide
+    lines, the progress ticker quiet (tests of progress set their own interval), then the test's own variables."""
     e = dict(os.environ)
     e.pop("KVCONV_DEBUG", None)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
@@ -135,9 +140,79 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None =
     e["KVCONV_PROGRESS_INTERVAL"] = "3600"
     if env:
         e.update(env)
-    p = subprocess.run([sys.executable, "-m", "kvconv", *map(str, args)], cwd=cwd, env=e, capture_output=True,
-                       text=True, timeout=timeout)
-    return Result(p.returncode, p.stdout, p.stderr)
+    return e
+
+
+# KVCONV_TEST_SUBPROCESS=1: every run_cli a child process, as before the fast tier ran them in-process (issue 30)
+ALWAYS_SUBPROCESS = os.environ.get("KVCONV_TEST_SUBPROCESS", "") not in ("", "0")
+
+
+def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 300,
+            subprocess_: bool = False) -> Result:
+    """Run ``kvconv ARGS`` as a user would, and return its exit code and output.
+
+    By default in this process, through ``kvconv.cli.main`` (what the ``kvconv`` script runs) with the command's
+    environment, working folder, stdout and stderr of its own (saves the ~0.5-1 s start-up of a child per command:
+    the fast tier's budget, issue 30). ``subprocess_=True`` (or KVCONV_TEST_SUBPROCESS=1 for all) runs ``python -m
+    kvconv ARGS`` as a child process: for what is about the process boundary (exit of a child, signals, fds)."""
+    if subprocess_ or ALWAYS_SUBPROCESS:
+        p = subprocess.run([sys.executable, "-m", "kvconv", *map(str, args)], cwd=cwd, env=_cli_env(env),
+                           capture_output=True, text=True, timeout=timeout)
+        return Result(p.returncode, p.stdout, p.stderr)
+    return _run_in_process([str(a) for a in args], cwd, _cli_env(env))
+
+
+def _decoded(raw: bytes) -> str:
+    # as subprocess.run(text=True) reads a child's output: UTF-8, universal newlines
+    return io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="replace").read()
+
+
+class _Captured(io.BytesIO):
+    """A stream's bytes, kept when the command closes the stream."""
+
+    def close(self) -> None:
+        pass
+
+
+def _run_in_process(argv: list[str], cwd, env: dict) -> Result:
+    from kvconv.cli import main
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_out, saved_err = sys.stdout, sys.stderr
+    out_b, err_b = _Captured(), _Captured()
+    # what a child's streams are on pipes: UTF-8, stdout strict (kvconv.cli.main sets backslashreplace itself),
+    # stderr backslashreplace
+    out = io.TextIOWrapper(out_b, encoding="utf-8", errors="strict")
+    err = io.TextIOWrapper(err_b, encoding="utf-8", errors="backslashreplace", line_buffering=True)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdout, sys.stderr = out, err
+        with warnings.catch_warnings():
+            # a child's warning filters (Python's defaults), not pytest's (which show every DeprecationWarning)
+            warnings.resetwarnings()
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            try:
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # noqa: BLE001 - what a child would print before exiting 1
+                traceback.print_exc(file=err)
+                code = 1
+        for s in (out, err):
+            try:
+                s.flush()
+            except ValueError:  # closed by the command
+                pass
+    finally:
+        sys.stdout, sys.stderr = saved_out, saved_err
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return Result(code, _decoded(out_b.getvalue()), _decoded(err_b.getvalue()))
 
 
 @pytest.fixture
