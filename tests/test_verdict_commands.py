@@ -166,6 +166,8 @@ def test_kernel_names_demangled_in_text_kept_in_json_and_arrow(tmp_path):
     rc = run_cli("reconcile", p)
     assert DEMANGLED in rc.stdout and MANGLED not in rc.stdout, rc.stdout
     assert MANGLED in run_cli("reconcile", "--json", p).stdout
+    d = run_cli("diff", "-q", _mangled_dump(tmp_path / "clean.kvdump", lose_event=False), p)
+    assert d.returncode == 1 and DEMANGLED in d.stdout and MANGLED not in d.stdout, d.stdout
     page = tmp_path / "r.html"
     assert run_cli("report", "-q", p, "-o", page).returncode == 1
     assert html.escape(DEMANGLED) in page.read_text()

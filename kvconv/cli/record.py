@@ -69,11 +69,12 @@ def record(
             sys.stdout.write(f"{p}: written (not validated)\n")
             continue
         from kvconv.check.verdict import line
+        from kvconv.names import demangle_text
 
         incidents = getattr(rep, "incidents", None)  # findings of one cause on one line, as kvconv validate
         for text in ([line(i) for i in incidents] if incidents is not None
                      else [f.line() for f in rep.findings if f.severity != "info"]):
-            sys.stdout.write(text + "\n")
+            sys.stdout.write(demangle_text(text) + "\n")  # kernel names demangled, as kvconv validate's text
         # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
         v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
         sys.stdout.write(f"{p}: {_VERDICT_WORD.get(v, v)}\n")

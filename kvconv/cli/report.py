@@ -150,7 +150,9 @@ def diff_cmd(
         env["exit"], env["ok"] = code, code == 0  # the comparison's verdict counts beside the dumps'
         print_json(env)
     else:
-        sys.stdout.write("\n".join(diff.lines(res)) + "\n")
+        from kvconv.names import demangle_text  # kernel names demangled in the text, as recorded in --json
+
+        sys.stdout.write("\n".join(demangle_text(x) for x in diff.lines(res)) + "\n")
     sys.stdout.flush()
     raise typer.Exit(code)
 
