@@ -439,7 +439,8 @@ def main(argv=None) -> int:
             child = (child[:i] + child[i + 2:] if i is not None else child) + ["--mode", mode, "--no-check"]
             cmd = [sys.executable, "-m", "kvconv", "record", "--writes", "--force", "-k", "index_copy",
                    "-o", trace, "--", sys.executable, os.path.abspath(__file__), *child]
-            p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True)
+            path = os.pathsep.join(x for x in (ROOT, os.environ.get("PYTHONPATH")) if x)
+            p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
             res = {"mode": mode, "record_exit": p.returncode, "trace": trace, "record_tail": p.stdout[-2000:] +
                    p.stderr[-2000:], "dump": os.path.join(args.out, f"paged-{mode}.kvdump")}
         else:

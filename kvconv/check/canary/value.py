@@ -134,7 +134,11 @@ def incidents(d) -> list[dict]:
             continue
         recs = np.concatenate(recs)
         names = _names(d, ctx)
-        ncache = {s: len(np.unique(recs["cache_id"][recs["step"] == s])) for s in np.unique(recs["step"]).tolist()}
+        o = np.lexsort((recs["cache_id"], recs["step"]))
+        st, ci = recs["step"][o], recs["cache_id"][o]
+        first = np.r_[True, (st[1:] != st[:-1]) | (ci[1:] != ci[:-1])]  # each (step, cache) once
+        steps, per_step = np.unique(st[first], return_counts=True)  # caches each step checked
+        ncache = dict(zip(steps.tolist(), per_step.tolist()))
         wrong, unwritten = _bad(recs)
         for code, mask in (("canary-wrong-value", wrong), ("canary-value-not-written", unwritten)):
             tokens = defaultdict(set)  # (step, slot, request, row) -> caches
