@@ -97,6 +97,7 @@ class NumpyOps:
         pass
 
     def capture(self, fn):
+        fn()  # the warm-up run a CUDA graph capture makes (on the same buffers: the same effects)
         return fn  # no graph: the same function on the same static buffers at every replay
 
 
@@ -142,7 +143,7 @@ class TorchOps(NumpyOps):
 
     def capture(self, fn):
         if not self.device.startswith("cuda"):
-            return fn
+            return super().capture(fn)
         t = self.torch
         s = t.cuda.Stream()
         s.wait_stream(t.cuda.current_stream())
@@ -203,6 +204,10 @@ class Engine:
         self.pages: dict[int, list[int]] = {}
         self.length: dict[int, int] = {}
         self.shown_indices = np.zeros(cap, np.int64)  # what the graph's indices buffer holds (host mirror)
+        # a valid table before the graph's warm-up run: every row a padding row on the dummy page (slot 0); zeros
+        # would send each row to indices[-1] * page_size - 1 = slot -1, out of range for index_copy_
+        ops.set(self.indptr, ops.i64(np.arange(self.rows + 1)))
+        ops.set(self.lpl, ops.i64(np.ones(self.rows)))
 
     def alloc(self) -> int:
         return self.free.pop()
