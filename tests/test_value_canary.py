@@ -423,3 +423,23 @@ def test_a_step_of_padding_rows_only_records_nothing(tmp_path):
             pass
     with dump.open(tmp_path / "pad.kvdump") as d:
         assert len(d.records("value_digest")) == 0
+
+
+def test_damaged_value_records_are_read_without_a_traceback(tmp_path):
+    """Random bytes as value_digest records, no cache table: every record is judged on its digests, caches are named
+    by id, and validate, report and the converters end as for any failed dump."""
+    rng = np.random.default_rng(3)
+    r = np.frombuffer(rng.bytes(72 * 50), layout.DTYPES["value_digest"]).copy()
+    r["actual"][::2] = r["expected"][::2]  # half of them agree
+    p = tmp_path / "junk.kvdump"
+    with dump.new(p) as w:
+        w.write_metadata({"tool": "test", "tool_version": "1"})
+        w.write_records("value_digest", r)
+    res, js = _validate(p)
+    assert res.returncode == 1 and _errors(js) == {"canary-wrong-value"}  # random "before" digests: all written
+    wrong = [f for f in js["findings"] if f["code"] == "canary-wrong-value"]
+    assert len(wrong) == 25 and all(" cache 'cache " in f["message"] for f in wrong)
+    for cmd in (["report", "-q", p, "-o", tmp_path / "r.html"], ["perfetto", p, "-o", tmp_path / "t.pftrace"],
+                ["arrow", p, "-o", tmp_path / "a"]):
+        out = run_cli(*cmd)
+        assert "Traceback" not in out.stderr and out.returncode in (0, 1), (cmd, out.stderr)
