@@ -73,7 +73,7 @@ def test_planted_writes_are_found_and_nothing_else(case):
 
 
 def test_stale_pad_names_slot_block_node_replay_and_both_requests():
-    r = run_cli("canary", "--writes", "writes-stale-pad.kvdump", cwd=FIXTURES / "writes-stale-pad")
+    r = run_cli("canary", "--writes", "--all", "writes-stale-pad.kvdump", cwd=FIXTURES / "writes-stale-pad")
     first = r.stdout.splitlines()[1]
     assert re.search(r"step 3 replay 3 node 0x[0-9a-f]+ kernel 'reshape_and_cache_flash_kernel' gridid \d+ "
                      r"block \(3,0,0\): cache 'L0.k' slot 60 \(page 7 offset 4\)", first), first
@@ -82,7 +82,7 @@ def test_stale_pad_names_slot_block_node_replay_and_both_requests():
 
 
 def test_pad_minus_one_is_reported_before_the_cache():
-    r = run_cli("canary", "--writes", "writes-pad-minus-one.kvdump", cwd=FIXTURES / "writes-pad-minus-one")
+    r = run_cli("canary", "--writes", "--all", "writes-pad-minus-one.kvdump", cwd=FIXTURES / "writes-pad-minus-one")
     lines = [x for x in r.stdout.splitlines() if "writes-outside-cache" in x]
     assert len(lines) == 8 and all("256 bytes before cache" in x and "slot -1" in x for x in lines)
 
@@ -132,7 +132,7 @@ def test_synthetic_conflict_missing_unattributed_and_drops(tmp_path):
     assert r.returncode == 1
     codes = [f["code"] for f in json.loads(r.stdout)["dumps"][0]["result"]["findings"]]
     assert sorted(codes) == ["writes-dropped", "writes-missing-slot", "writes-slot-conflict", "writes-unattributed"]
-    text = run_cli("canary", "--writes", "s.kvdump", cwd=tmp_path).stdout
+    text = run_cli("canary", "--writes", "--all", "s.kvdump", cwd=tmp_path).stdout
     assert "slot 8 written by 2 blocks: gridid 5 block (0,0,0), gridid 5 block (1,0,0)" in text
     assert "request 12's token at slot 9 (page 2 offset 1) was not written in cache 'c'" in text
 

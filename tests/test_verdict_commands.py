@@ -97,6 +97,23 @@ def test_canary_exits_with_the_canary_part_of_the_verdict(tmp_path):
     assert r.returncode == 5 and json.loads(r.stdout)["exit"] == 5
 
 
+def test_canary_writes_text_leads_with_incidents():
+    """A stale page-table entry in a 40-layer capture: 480 findings, 3 incident lines (was 402 finding lines between
+    the summary and the verdict); --all and --json keep every finding; the same lines as validate's."""
+    p = FIXTURES / "writes-wrong-page-80" / "writes-wrong-page-80.kvdump"
+    r = run_cli("canary", "--writes", p)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 1 and len(lines) == 5 and lines[-1] == "FAILED", r.stdout
+    assert lines[1:4] == run_cli("validate", p).stdout.splitlines()[:3]
+    assert all(x.startswith("error writes-unmapped-slot: ") and x.endswith("in 80 of 80 caches (kernel "
+                                                                            "'reshape_and_cache_flash_kernel') "
+                                                                            "(80 findings)") for x in lines[1:4])
+    every = run_cli("canary", "--writes", "--all", p).stdout.splitlines()
+    assert len(every) == 404 and every[0] == lines[0] and every[-1] == "FAILED"
+    res = _result(run_cli("canary", "--writes", "--json", p))
+    assert sum(f["count"] for f in res["findings"] if f["severity"] == "error") == 480
+
+
 # ---- the converters -------------------------------------------------------------------------------------------------
 
 CONVERTERS = [("perfetto", "t.pftrace"), ("chrome", "t.json"), ("arrow", "tables")]

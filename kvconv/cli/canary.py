@@ -36,7 +36,8 @@ def part_verdict(d, res, *, checked: bool) -> str:
 def canary_cmd(
     dump_path: Path = typer.Argument(..., metavar="DUMP", readable=False, help="a kvconv dump holding canary records"),
     as_json: bool = JSON,
-    all_steps: bool = typer.Option(False, "--all", help="list every step and buffer, not only those with findings"),
+    all_steps: bool = typer.Option(False, "--all", help="list every step and buffer, not only those with findings "
+                                   "(--writes: every finding, not only one line per incident)"),
     no_missing: bool = typer.Option(False, "--no-missing",
                                     help="do not report expected pages that did not change (mechanism iii)"),
     writes: bool = typer.Option(False, "--writes", help="check the write-address canary instead: the KV slots each "
@@ -60,7 +61,7 @@ def canary_cmd(
     if writes:
         from kvconv.cli.canary_writes import run_writes
 
-        return run_writes(dump_path, opts, as_json=as_json)
+        return run_writes(dump_path, opts, as_json=as_json, all_findings=all_steps)
     with open_or_finish("canary", dump_path, opts, as_json=as_json) as d:
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
                       options=ProgressOptions.from_cli(progress=progress)) as bar:
