@@ -114,7 +114,8 @@ def _judged(path: Path, salvage: bool):
 
 
 _STATE = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED",
-          "incomplete": "INCOMPLETE, the producer did not finish: what it published is consistent, the rest unknown"}
+          "incomplete": "INCOMPLETE, the producer did not finish: what it published is consistent, the rest unknown",
+          "unreadable": "UNREADABLE"}  # (info of a dump its reader opened and validate's scan could not read)
 
 
 def _validate_one(path: Path, opts, popts=None, *, all_findings: bool = False) -> Outcome:
