@@ -364,9 +364,13 @@ def test_torch_digest_equals_numpy():
 
 def test_torch_probe_pooled_and_per_cache(tmp_path):
     torch = pytest.importorskip("torch")
+    from kvconv.capture.probe.values import _pools
+
     pool = torch.zeros(4, NPAGES, PAGE, N, dtype=torch.bfloat16)
+    k_pool, v_pool = (torch.zeros(2, NPAGES, PAGE, N, dtype=torch.bfloat16) for _ in range(2))
+    two = [k_pool[0], v_pool[0], k_pool[1], v_pool[1]]  # K and V pools apart (SGLang's k_buffer / v_buffer)
     apart = [torch.zeros(NPAGES, PAGE, N, dtype=torch.bfloat16) for _ in range(2)]
-    for caches, name in ((list(pool), "pooled"), (apart, "apart")):
+    for caches, name, pools in ((list(pool), "pooled", [4]), (two, "two pools", [2, 2]), (apart, "apart", [])):
         path = tmp_path / f"{name}.kvdump"
         with ValueProbe(path) as vp:
             for i, c in enumerate(caches):
@@ -383,6 +387,7 @@ def test_torch_probe_pooled_and_per_cache(tmp_path):
             v = d.records("value_digest")
         bad = [(int(x["cache_id"]), int(x["slot"])) for x in v if x["expected"] != x["actual"]]
         assert bad == [(1, 9)], name
+        assert sorted(len(cs) for cs, _ in _pools(vp.caches)) == pools, name
 
 
 def test_paged_plants_workload_each_plant_caught_by_its_check(tmp_path):

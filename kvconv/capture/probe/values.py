@@ -171,7 +171,7 @@ def _read_back(arrays) -> np.ndarray:
 
 
 class _Cache:
-    """A watched cache: its slots as int64 word rows ``[num_slots, W]`` (a view), its id and name."""
+    """A watched cache: its slots as byte rows ``[num_slots, slot_bytes]`` (a view), its id and name."""
 
     def __init__(self, cache, *, name: str, cache_id: int, page_size: int, slot_bytes: int | None, source) -> None:
         self.tensor, self.name, self.cache_id, self.page_size = cache, name, cache_id, int(page_size)
@@ -202,25 +202,29 @@ class _Cache:
         return self.rows.index_select(0, slots) if self.torch else self.rows[slots]
 
 
-def _pooled(caches: list[_Cache]):
-    """Torch caches sharing one storage and one slot width: (flat int64 words of the storage, word offset of each
-    cache's slot 0, words per slot) for one gather across all of them; else None."""
-    if len(caches) < 2 or not all(c.torch for c in caches):
-        return None
-    st = caches[0].tensor.untyped_storage()
-    w = caches[0].slot_bytes
-    if w % 8 or any(c.slot_bytes != w or c.tensor.untyped_storage().data_ptr() != st.data_ptr() for c in caches):
-        return None
-    offs = [c.base - st.data_ptr() for c in caches]
-    if any(o % 8 for o in offs) or st.nbytes() % 8:
-        return None
-    import torch
+def _pools(caches: list[_Cache]) -> list[tuple[list[_Cache], object]]:
+    """The torch caches that share one storage and one slot width (two or more, int64-aligned): per storage, the
+    caches and (flat int64 words of the storage, word offset of each cache's slot 0, words per slot), for one
+    gather across all of them (the K and V caches of every layer as views of one pool, say)."""
+    by = {}
+    for c in caches:
+        if c.torch and c.slot_bytes % 8 == 0:
+            st = c.tensor.untyped_storage()
+            by.setdefault((st.data_ptr(), str(c.tensor.device), c.slot_bytes), (st, []))[1].append(c)
+    out = []
+    for (ptr, _dev, sb), (st, cs) in by.items():
+        offs = [c.base - ptr for c in cs]
+        if len(cs) < 2 or any(o % 8 for o in offs) or st.nbytes() % 8:
+            continue
+        import torch
 
-    try:  # the whole storage as int64 words (a view)
-        flat = torch.empty(0, dtype=torch.uint8, device=caches[0].tensor.device).set_(st).view(torch.int64)
-    except (RuntimeError, TypeError):  # pragma: no cover - a storage torch will not view: one gather per cache
-        return None
-    return flat, torch.tensor([o // 8 for o in offs], dtype=torch.int64, device=flat.device), w // 8
+        try:  # the whole storage as int64 words (a view)
+            flat = torch.empty(0, dtype=torch.uint8, device=cs[0].tensor.device).set_(st).view(torch.int64)
+        except (RuntimeError, TypeError):  # pragma: no cover - a storage torch will not view: one gather per cache
+            continue
+        out.append((cs, (flat, torch.tensor([o // 8 for o in offs], dtype=torch.int64, device=flat.device),
+                         sb // 8)))
+    return out
 
 
 class ValueProbe:
@@ -244,6 +248,7 @@ class ValueProbe:
         self.timings: list[tuple[int, int]] = []
         self._expect: dict[int, tuple[int, object]] = {}  # cache id -> (step, rows)
         self._step: int | None = None
+        self._plan = None  # _pools of the watched caches
         self.steps = 0
 
     def watch(self, cache, *, name: str, page_size: int, slot_bytes: int | None = None, source=None) -> int:
@@ -256,6 +261,7 @@ class ValueProbe:
         c = _Cache(cache, name=name, cache_id=len(self.caches), page_size=page_size, slot_bytes=slot_bytes,
                    source=source)
         self.caches.append(c)
+        self._plan = None
         self.recorder.add_cache(cache_id=c.cache_id, name=name, base=c.base, size=c.num_slots * c.slot_bytes,
                                 slot_bytes=c.slot_bytes, page_size=c.page_size)
         return c.cache_id
@@ -356,17 +362,24 @@ class ValueProbe:
 
     def _digests(self, live) -> dict[int, object]:
         """Digest of every cache's slots of the step: torch caches sharing one storage in one gather and one digest
-        (kept on the device until the step's one read-back), others one gather each."""
-        pool = _pooled([c for c, _ in live])
-        if pool is not None and len({len(t) for _c, (t, _i) in live}) == 1 and len(live[0][1][0]):
+        (kept on the device until the step's one read-back), others one gather each and one digest for all."""
+        if self._plan is None:  # which caches share a storage: found once
+            self._plan = _pools(self.caches)
+        where = dict(live)
+        out, done = {}, set()
+        for cs, (flat, base, w) in self._plan:
+            toks = [where[c][0] for c in cs]
+            if len({len(t) for t in toks}) != 1 or not len(toks[0]):
+                continue
             import torch
 
-            flat, base, w = pool
-            idx = torch.stack([i for _c, (_t, i) in live])  # [C, k] slots
+            idx = torch.stack([where[c][1] for c in cs])  # [C, k] slots
             at = (base[:, None, None] + idx[:, :, None] * w + torch.arange(w, device=flat.device)).reshape(-1)
-            d = digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(live), -1)
-            return {c.cache_id: d[k] for k, (c, _) in enumerate(live)}
-        return _digest_many({c.cache_id: c.gather(idx) for c, (_t, idx) in live})
+            d = digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(cs), -1)
+            out.update({c.cache_id: d[k] for k, c in enumerate(cs)})
+            done.update(c.cache_id for c in cs)
+        out.update(_digest_many({c.cache_id: c.gather(idx) for c, (_t, idx) in live if c.cache_id not in done}))
+        return out
 
     def _rows(self, c: _Cache, rows, tok: np.ndarray):
         """The rows of tokens ``tok`` (bytes ``[k, slot_bytes]``) of ``rows`` given for cache ``c``: all of them
