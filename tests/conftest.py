@@ -174,7 +174,26 @@ class _Captured(io.BytesIO):
         pass
 
 
+_CLICK_GROUPS: dict = {}
+
+
+def _click_group(get_command):
+    """typer.main.get_command, once per app and set of registered commands: typer rebuilds the click group from the
+    commands' signatures on every call (~50 ms, most of a small command's run); a new command (a registered
+    format) makes a new key, so the group is rebuilt then."""
+    def cached(typer_instance):
+        key = (id(typer_instance), id(typer_instance.registered_callback),
+               tuple(map(id, typer_instance.registered_commands)), tuple(map(id, typer_instance.registered_groups)))
+        if key not in _CLICK_GROUPS:
+            _CLICK_GROUPS[key] = (typer_instance, get_command(typer_instance))
+        return _CLICK_GROUPS[key][1]
+
+    return cached
+
+
 def _run_in_process(argv: list[str], cwd, env: dict) -> Result:
+    import typer.main
+
     from kvconv.cli import main
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
@@ -186,6 +205,8 @@ def _run_in_process(argv: list[str], cwd, env: dict) -> Result:
     err = io.TextIOWrapper(err_b, encoding="utf-8", errors="backslashreplace", line_buffering=True)
     os.environ.clear()
     os.environ.update(env)
+    get_command = typer.main.get_command
+    typer.main.get_command = _click_group(get_command)
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -208,6 +229,7 @@ def _run_in_process(argv: list[str], cwd, env: dict) -> Result:
             except ValueError:  # closed by the command
                 pass
     finally:
+        typer.main.get_command = get_command
         sys.stdout, sys.stderr = saved_out, saved_err
         os.chdir(saved_cwd)
         os.environ.clear()
