@@ -34,6 +34,7 @@ cache's dtype (after the engine's own conversion), or use the eager reference.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 
@@ -63,7 +64,7 @@ def _is_torch(x) -> bool:
 def _width(rows) -> int:
     """Bytes per row of ``rows`` ([n, ...]), also when n is 0."""
     size = int(rows.element_size()) if _is_torch(rows) else int(rows.itemsize)
-    return size * int(np.prod(tuple(rows.shape[1:]), dtype=np.int64))
+    return size * math.prod(int(x) for x in rows.shape[1:])
 
 
 def _mix(z):
@@ -125,26 +126,17 @@ def _host(x, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dtype)
 
 
-def _bytes(rows, n: int):
-    """``rows`` ([n, ...]) as bytes ``[n, row_bytes]`` (a view where the layout allows)."""
-    if _is_torch(rows):
-        import torch
-
-        return rows.contiguous().view(torch.uint8).reshape(n, _width(rows))
-    return np.ascontiguousarray(rows).view(np.uint8).reshape(n, _width(rows))
-
-
-def _digest_many(rows: dict) -> dict:
-    """{key: bytes [k, row_bytes]} -> {key: digests [k]}: rows of one shape on one device stacked and digested in
-    one pass (a step's 80 caches: one digest, not 80)."""
+def _digest_many(rows: dict) -> list[tuple[list, object]]:
+    """{key: bytes [k, row_bytes]} -> chunks [(keys, digests [len(keys), k])]: rows of one shape on one device
+    stacked and digested in one pass (a step's 80 caches: one digest, not 80)."""
     groups: dict = {}
     for key, r in rows.items():
         dev = str(r.device) if _is_torch(r) else None
         groups.setdefault((dev, tuple(r.shape)), []).append(key)
-    out = {}
+    out = []
     for (dev, shape), keys in groups.items():
-        if len(keys) == 1 or not shape[0]:
-            out.update({k: digest_rows(rows[k]) for k in keys})
+        if not shape[0]:  # no token checked in these caches
+            out.append((keys, np.zeros((len(keys), 0), np.int64)))
             continue
         if dev is not None:
             import torch
@@ -152,22 +144,32 @@ def _digest_many(rows: dict) -> dict:
             stacked = torch.stack([rows[k] for k in keys])
         else:
             stacked = np.stack([rows[k] for k in keys])
-        d = digest_rows(stacked.reshape(len(keys) * shape[0], shape[1])).reshape(len(keys), shape[0])
-        out.update({k: d[i] for i, k in enumerate(keys)})
+        d = digest_rows(stacked.reshape(len(keys) * shape[0], shape[1]))
+        out.append((keys, d.reshape(len(keys), shape[0])))
     return out
 
 
-def _read_back(arrays) -> np.ndarray:
-    """int64 digests (numpy, or torch on any device) concatenated on the host: one copy for the torch ones."""
-    if not arrays:
-        return np.zeros(0, np.int64)
-    if any(_is_torch(a) for a in arrays):
+def _read_back(tagged: dict) -> dict:
+    """{tag: chunks} -> {tag: {key: int64 digests (numpy)}}: every chunk on the host, torch ones in one copy."""
+    flat = [(tag, keys, m) for tag, chunks in tagged.items() for keys, m in chunks]
+    mats = [m for *_x, m in flat]
+    if any(_is_torch(m) for m in mats):
         import torch
 
-        dev = next(a.device for a in arrays if _is_torch(a))
-        parts = [a if _is_torch(a) else torch.from_numpy(np.asarray(a, np.int64)) for a in arrays]
-        return torch.cat([p.to(dev).reshape(-1) for p in parts]).cpu().numpy().astype(np.int64, copy=False)
-    return np.concatenate([np.asarray(a, np.int64).reshape(-1) for a in arrays])
+        dev = next(m.device for m in mats if _is_torch(m))
+        parts = [(m if _is_torch(m) else torch.from_numpy(np.asarray(m, np.int64))).to(dev).reshape(-1) for m in mats]
+        host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
+        sizes = [int(m.numel()) for m in mats]
+    else:
+        host = np.concatenate([np.asarray(m, np.int64).reshape(-1) for m in mats]) if mats else np.zeros(0, np.int64)
+        sizes = [int(m.size) for m in mats]
+    out: dict = {tag: {} for tag in tagged}
+    at = 0
+    for (tag, keys, _m), n in zip(flat, sizes):
+        block = host[at:at + n].reshape(len(keys), -1)
+        at += n
+        out[tag].update(zip(keys, block))
+    return out
 
 
 class _Cache:
@@ -204,7 +206,8 @@ class _Cache:
 
 def _pools(caches: list[_Cache]) -> list[tuple[list[_Cache], object]]:
     """The torch caches that share one storage and one slot width (two or more, int64-aligned): per storage, the
-    caches and (flat int64 words of the storage, word offset of each cache's slot 0, words per slot), for one
+    caches and (flat int64 words of the storage, word offset of each cache's slot 0, words per slot, their
+    arange), for one
     gather across all of them (the K and V caches of every layer as views of one pool, say)."""
     by = {}
     for c in caches:
@@ -223,7 +226,7 @@ def _pools(caches: list[_Cache]) -> list[tuple[list[_Cache], object]]:
         except (RuntimeError, TypeError):  # pragma: no cover - a storage torch will not view: one gather per cache
             continue
         out.append((cs, (flat, torch.tensor([o // 8 for o in offs], dtype=torch.int64, device=flat.device),
-                         sb // 8)))
+                         sb // 8, torch.arange(sb // 8, device=flat.device))))
     return out
 
 
@@ -249,6 +252,7 @@ class ValueProbe:
         self._expect: dict[int, tuple[int, object]] = {}  # cache id -> (step, rows)
         self._step: int | None = None
         self._plan = None  # _pools of the watched caches
+        self._by_name: dict[str, _Cache] = {}
         self.steps = 0
 
     def watch(self, cache, *, name: str, page_size: int, slot_bytes: int | None = None, source=None) -> int:
@@ -261,16 +265,21 @@ class ValueProbe:
         c = _Cache(cache, name=name, cache_id=len(self.caches), page_size=page_size, slot_bytes=slot_bytes,
                    source=source)
         self.caches.append(c)
+        self._by_name[name] = c
         self._plan = None
         self.recorder.add_cache(cache_id=c.cache_id, name=name, base=c.base, size=c.num_slots * c.slot_bytes,
                                 slot_bytes=c.slot_bytes, page_size=c.page_size)
         return c.cache_id
 
     def _cache(self, which) -> _Cache:
-        for c in self.caches:
-            if which is c.tensor or c.name == which or (isinstance(which, int) and c.cache_id == which):
-                return c
-        raise KeyError(f"no watched cache {which!r}")
+        c = self._by_name.get(which) if isinstance(which, str) else None
+        if c is None and isinstance(which, int) and 0 <= which < len(self.caches):
+            c = self.caches[which]
+        if c is None:
+            c = next((x for x in self.caches if which is x.tensor), None)
+        if c is None:
+            raise KeyError(f"no watched cache {which!r}")
+        return c
 
     def expect_values(self, step: int, cache, rows) -> None:
         """The rows the engine means ``step`` to write into ``cache`` (its name, id or tensor): ``[tokens, ...]``,
@@ -296,16 +305,15 @@ class ValueProbe:
         t0 = time.perf_counter_ns()
         memo: dict = {}
         live = [(c, self._live(c, slots, pads, memo)) for c in self.caches]
-        before = self._digests(live) if self.before else None
-        sources = _digest_many({c.cache_id: self._rows(c, c.source, tok) for c, (tok, _) in live
-                                if c.source is not None})
-        reference = None
+        chunks: dict = {"before": self._digests(live) if self.before else []}
+        chunks["source"] = self._rows_digests([(c, c.source, tok) for c, (tok, _) in live if c.source is not None])
+        chunks["eager"] = []
         if eager is not None:
             copies = {c.name: (c.tensor.clone() if c.torch else c.tensor.copy()) for c in self.caches}
             eager(copies)
-            reference = _digest_many({c.cache_id: _Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
-                                                         page_size=c.page_size, slot_bytes=c.slot_bytes,
-                                                         source=None).gather(idx) for c, (_, idx) in live})
+            chunks["eager"] = _digest_many({c.cache_id: _Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
+                                                               page_size=c.page_size, slot_bytes=c.slot_bytes,
+                                                               source=None).gather(idx) for c, (_, idx) in live})
         t1 = time.perf_counter_ns()
         try:
             yield self
@@ -314,33 +322,15 @@ class ValueProbe:
             self._step = None
             raise
         t2 = time.perf_counter_ns()
-        after = self._digests(live)
-        given = {}
+        chunks["after"] = self._digests(live)
+        given = []
         for c, (tok, _idx) in live:
             step_rows = self._expect.pop(c.cache_id, None)
             if step_rows is not None and step_rows[0] == int(step):
-                given[c.cache_id] = self._rows(c, step_rows[1], tok)
-        given = _digest_many(given)
-        todo = []
-        for c, (tok, _idx) in live:
-            if c.cache_id in given:
-                exp, flag = given[c.cache_id], FLAGS["given"]
-            elif reference is not None:
-                exp, flag = reference[c.cache_id], FLAGS["eager"]
-            elif c.cache_id in sources:
-                exp, flag = sources[c.cache_id], FLAGS["source"]
-            else:
-                continue  # nothing says what this cache should hold: not checked
-            bef = [before[c.cache_id]] if before is not None else []
-            todo.append((c, tok, flag, [exp, after[c.cache_id], *bef]))
-        host = _read_back([a for *_x, arrays in todo for a in arrays])  # the step's one synchronisation
-        at = 0
-        for c, tok, flag, arrays in todo:
-            k = len(tok)
-            exp, act = host[at:at + k], host[at + k:at + 2 * k]
-            bef = host[at + 2 * k:at + 3 * k] if len(arrays) == 3 else None
-            at += len(arrays) * k
-            self._record(step, c, slots, reqs, tok, exp, act, bef, flag)
+                given.append((c, step_rows[1], tok))
+        chunks["given"] = self._rows_digests(given)
+        host = _read_back(chunks)  # the step's one synchronisation
+        self._record(step, live, slots, reqs, host)
         self._expect.clear()
         self._step = None
         self.steps += 1
@@ -360,57 +350,94 @@ class ValueProbe:
                 memo[key] = tok, slots[tok]
         return memo[key]
 
-    def _digests(self, live) -> dict[int, object]:
-        """Digest of every cache's slots of the step: torch caches sharing one storage in one gather and one digest
-        (kept on the device until the step's one read-back), others one gather each and one digest for all."""
+    def _digests(self, live) -> list[tuple[list, object]]:
+        """Digests of every cache's slots of the step, as chunks: torch caches sharing one storage in one gather and
+        one digest (kept on the device until the step's one read-back), the others one gather each and one digest
+        for all."""
         if self._plan is None:  # which caches share a storage: found once
             self._plan = _pools(self.caches)
         where = dict(live)
-        out, done = {}, set()
-        for cs, (flat, base, w) in self._plan:
+        out, done = [], set()
+        for cs, (flat, base, w, words) in self._plan:
             toks = [where[c][0] for c in cs]
             if len({len(t) for t in toks}) != 1 or not len(toks[0]):
                 continue
             import torch
 
-            idx = torch.stack([where[c][1] for c in cs])  # [C, k] slots
-            at = (base[:, None, None] + idx[:, :, None] * w + torch.arange(w, device=flat.device)).reshape(-1)
-            d = digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(cs), -1)
-            out.update({c.cache_id: d[k] for k, c in enumerate(cs)})
+            i0 = where[cs[0]][1]
+            if all(where[c][1] is i0 for c in cs):  # caches of one size: one slot index for all (no copy)
+                idx = i0.unsqueeze(0).expand(len(cs), -1)
+            else:
+                idx = torch.stack([where[c][1] for c in cs])  # [C, k] slots
+            at = (base[:, None, None] + idx[:, :, None] * w + words).reshape(-1)
+            out.append(([c.cache_id for c in cs],
+                        digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(cs), -1)))
             done.update(c.cache_id for c in cs)
-        out.update(_digest_many({c.cache_id: c.gather(idx) for c, (_t, idx) in live if c.cache_id not in done}))
+        out += _digest_many({c.cache_id: c.gather(idx) for c, (_t, idx) in live if c.cache_id not in done})
         return out
 
-    def _rows(self, c: _Cache, rows, tok: np.ndarray):
-        """The rows of tokens ``tok`` (bytes ``[k, slot_bytes]``) of ``rows`` given for cache ``c``: all of them
-        as they are when every token is checked (no copy), else the selection."""
-        n = int(rows.shape[0])
-        if len(tok) and int(tok[-1]) >= n:
-            raise ValueError(f"cache {c.name!r}: {n} rows given for a step mapping token {int(tok[-1])}")
-        every = len(tok) == n
-        if _is_torch(rows):
-            import torch
+    def _rows_digests(self, items) -> list[tuple[list, object]]:
+        """Digests of the rows handed over for caches (``items``: (cache, rows [tokens, ...], checked tokens)),
+        as chunks: the rows of one shape and dtype on one device stacked, the checked tokens taken, digested once
+        (per cache only the references are collected: a step's 80 caches cost one stack and one digest)."""
+        groups: dict = {}
+        for c, rows, tok in items:
+            t = _is_torch(rows)
+            key = (t, str(rows.device) if t else None, str(rows.dtype), tuple(rows.shape), c.slot_bytes, id(tok))
+            g = groups.setdefault(key, ([], [], tok))
+            g[0].append(c)
+            g[1].append(rows)
+        out = []
+        for (t, _dev, _dt, shape, sb, _id), (cs, rl, tok) in groups.items():
+            n, k = int(shape[0]), len(tok)
+            if k and int(tok[-1]) >= n:
+                raise ValueError(f"cache {cs[0].name!r}: {n} rows given for a step mapping token {int(tok[-1])}")
+            width = _width(rl[0])
+            if width != sb:
+                raise ValueError(f"cache {cs[0].name!r}: a row is {width} bytes, a slot {sb}")
+            if not k:
+                out.append(([c.cache_id for c in cs], np.zeros((len(cs), 0), np.int64)))
+                continue
+            if t:
+                import torch
 
-            sel = rows if every else rows.index_select(0, torch.as_tensor(tok, dtype=torch.int64).to(rows.device))
-            nbytes = int(sel.numel()) * int(sel.element_size())
-        else:
-            sel = np.asarray(rows) if every else np.asarray(rows)[tok]
-            nbytes = int(sel.nbytes)
-        if len(tok) and nbytes != len(tok) * c.slot_bytes:
-            raise ValueError(f"cache {c.name!r}: a row is {nbytes // max(1, len(tok))} bytes, a slot "
-                             f"{c.slot_bytes}")
-        return _bytes(sel, len(tok))
+                st = torch.stack(rl)  # [G, n, ...], contiguous (strided rows, a QKV output's K columns, are fine)
+                if k != n:
+                    st = st.index_select(1, torch.as_tensor(tok, dtype=torch.int64).to(st.device))
+                b = st.view(torch.uint8).reshape(len(cs) * k, sb)
+            else:
+                st = np.stack([np.asarray(r) for r in rl])
+                b = np.ascontiguousarray(st if k == n else st[:, tok]).view(np.uint8).reshape(len(cs) * k, sb)
+            out.append(([c.cache_id for c in cs], digest_rows(b).reshape(len(cs), k)))
+        return out
 
-    def _record(self, step, c: _Cache, slots, reqs, tok, exp, act, bef, flag) -> None:
-        r = np.zeros(len(tok), layout.DTYPES["value_digest"])
-        r["step"], r["host_ns"], r["cache_id"], r["row_bytes"] = int(step), time.monotonic_ns(), c.cache_id, \
-            c.slot_bytes
-        r["slot"], r["request_id"], r["row"] = slots[tok], reqs[tok], tok
-        r["expected"], r["actual"] = exp.view(np.uint64), act.view(np.uint64)
-        if bef is None:
-            r["flags"] = flag | FLAGS["no_before"]
+    def _record(self, step, live, slots, reqs, host: dict) -> None:
+        """The step's value_digest records, one array for every checked cache: expected from the rows given, else
+        the eager reference, else the source tensor; a cache with none of them is not checked."""
+        order = [("given", FLAGS["given"]), ("eager", FLAGS["eager"]), ("source", FLAGS["source"])]
+        picked = []
+        for c, (tok, _idx) in live:
+            for tag, flag in order:
+                if c.cache_id in host[tag]:
+                    picked.append((c, tok, host[tag][c.cache_id], flag))
+                    break
+        if not picked:
+            return
+        lens = [len(t) for _c, t, _e, _f in picked]
+        r = np.zeros(sum(lens), layout.DTYPES["value_digest"])
+        tok = np.concatenate([t for _c, t, _e, _f in picked])
+        r["step"], r["host_ns"], r["slot"], r["request_id"], r["row"] = int(step), time.monotonic_ns(), slots[tok], \
+            reqs[tok], tok
+        r["cache_id"] = np.repeat([c.cache_id for c, *_x in picked], lens)
+        r["row_bytes"] = np.repeat([c.slot_bytes for c, *_x in picked], lens)
+        r["expected"] = np.concatenate([e for *_x, e, _f in picked]).view(np.uint64)
+        r["actual"] = np.concatenate([host["after"][c.cache_id] for c, *_x in picked]).view(np.uint64)
+        flags = np.repeat([f for *_x, f in picked], lens).astype(np.uint32)
+        if self.before:
+            r["before"] = np.concatenate([host["before"][c.cache_id] for c, *_x in picked]).view(np.uint64)
         else:
-            r["before"], r["flags"] = bef.view(np.uint64), flag
+            flags |= FLAGS["no_before"]
+        r["flags"] = flags
         self.recorder.add_records("value_digest", r)
 
     def close(self) -> None:
