@@ -11,13 +11,11 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, run_cli
 from kvconv.check import validate
 from kvconv.format import codes
 
@@ -130,8 +128,14 @@ def findings():
     return fixture_findings()
 
 
-def test_every_code_in_the_source_is_registered():
-    missing = {c: where for c, where in source_codes().items() if c not in codes.CODES}
+@pytest.fixture(scope="module")
+def kvconv_codes() -> dict[str, str]:
+    """source_codes() of kvconv/, parsed once for the tests that read it (~3 s a scan)."""
+    return source_codes()
+
+
+def test_every_code_in_the_source_is_registered(kvconv_codes):
+    missing = {c: where for c, where in kvconv_codes.items() if c not in codes.CODES}
     assert not missing, f"add these to schemas/codes.json (then python -m kvconv.formatdoc findings): {missing}"
 
 
@@ -145,8 +149,8 @@ def test_every_code_fixtures_produce_is_registered_with_its_severity(findings):
     assert not golden, f"golden outputs hold codes schemas/codes.json lacks: {golden}"
 
 
-def test_every_registered_code_is_used(findings):
-    used = set(source_codes()) | {f.code for f in findings} | set(golden_codes())
+def test_every_registered_code_is_used(findings, kvconv_codes):
+    used = set(kvconv_codes) | {f.code for f in findings} | set(golden_codes())
     unused = sorted(set(codes.CODES) - used)
     assert not unused, f"schemas/codes.json lists codes nothing reports: {unused}"
 
@@ -175,8 +179,7 @@ def f(x):
 
 def test_unreadable_is_the_registry_and_decides_exit_2(tmp_path):
     assert validate.UNREADABLE == frozenset(c for c, e in codes.CODES.items() if e.unreadable)
-    r = subprocess.run([sys.executable, "-m", "kvconv", "validate", str(FIXTURES / "bad" / "bad-magic.kvdump")],
-                       capture_output=True, text=True)
+    r = run_cli("validate", FIXTURES / "bad" / "bad-magic.kvdump")
     assert r.returncode == 2 and "bad-magic" in codes.UNREADABLE
 
 
