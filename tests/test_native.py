@@ -30,10 +30,17 @@ needs_gxx = pytest.mark.skipif(shutil.which("make") is None or shutil.which(os.e
 
 
 @pytest.fixture(scope="module")
-def host_dump(tmp_path_factory):
+def host_build(tmp_path_factory):
+    """native/'s host test programs (host_dump_test, live_test), built once for this module's tests."""
     build = tmp_path_factory.mktemp("native-build")
     p = subprocess.run(["make", "-C", str(NATIVE), "host", f"BUILD={build}"], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
+    return build
+
+
+@pytest.fixture(scope="module")
+def host_dump(host_build):
+    build = host_build
     out = build / "synthetic.kvdump"
     r = subprocess.run([str(build / "host_dump_test"), str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -302,11 +309,8 @@ def test_gpu_every_end_leaves_every_event(case, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def live_test(tmp_path_factory):
-    build = tmp_path_factory.mktemp("native-live")
-    p = subprocess.run(["make", "-C", str(NATIVE), "host", f"BUILD={build}"], capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return build / "live_test"
+def live_test(host_build):
+    return host_build / "live_test"
 
 
 def _live_prefix(path: Path) -> dict:
