@@ -126,9 +126,9 @@ def _host(x, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dtype)
 
 
-def _digest_many(rows: dict) -> list[tuple[list, object]]:
-    """{key: bytes [k, row_bytes]} -> chunks [(keys, digests [len(keys), k])]: rows of one shape on one device
-    stacked and digested in one pass (a step's 80 caches: one digest, not 80)."""
+def _word_chunks(rows: dict) -> list[tuple[list, object, int]]:
+    """{key: bytes [k, row_bytes]} -> chunks [(keys, int64 words [len(keys) * k, W], k)]: rows of one shape on one
+    device stacked (a copy: taken before a step, they keep what the slots held)."""
     groups: dict = {}
     for key, r in rows.items():
         dev = str(r.device) if _is_torch(r) else None
@@ -136,7 +136,7 @@ def _digest_many(rows: dict) -> list[tuple[list, object]]:
     out = []
     for (dev, shape), keys in groups.items():
         if not shape[0]:  # no token checked in these caches
-            out.append((keys, np.zeros((len(keys), 0), np.int64)))
+            out.append((keys, None, 0))
             continue
         if dev is not None:
             import torch
@@ -144,8 +144,35 @@ def _digest_many(rows: dict) -> list[tuple[list, object]]:
             stacked = torch.stack([rows[k] for k in keys])
         else:
             stacked = np.stack([rows[k] for k in keys])
-        d = digest_rows(stacked.reshape(len(keys) * shape[0], shape[1]))
-        out.append((keys, d.reshape(len(keys), shape[0])))
+        out.append((keys, row_words(stacked.reshape(len(keys) * shape[0], shape[1])), int(shape[0])))
+    return out
+
+
+def _digest_all(tagged: dict) -> dict:
+    """{tag: word chunks} -> {tag: [(keys, digests [len(keys), k])]}: the words of a whole step (before, after,
+    expected) of one width on one device concatenated and digested in one pass."""
+    out: dict = {tag: [] for tag in tagged}
+    groups: dict = {}
+    for tag, chunks in tagged.items():
+        for keys, words, k in chunks:
+            if not k:
+                out[tag].append((keys, np.zeros((len(keys), 0), np.int64)))
+                continue
+            dev = str(words.device) if _is_torch(words) else None
+            groups.setdefault((dev, int(words.shape[1])), []).append((tag, keys, words, k))
+    for (dev, _w), items in groups.items():
+        if dev is not None:
+            import torch
+
+            d = digest_words(torch.cat([w for _t, _k, w, _n in items]) if len(items) > 1 else items[0][2])
+        else:
+            with np.errstate(over="ignore"):
+                d = digest_words(np.concatenate([w for _t, _k, w, _n in items]))
+        at = 0
+        for tag, keys, _words, k in items:
+            m = len(keys) * k
+            out[tag].append((keys, d[at:at + m].reshape(len(keys), k)))
+            at += m
     return out
 
 
@@ -305,13 +332,15 @@ class ValueProbe:
         t0 = time.perf_counter_ns()
         memo: dict = {}
         live = [(c, self._live(c, slots, pads, memo)) for c in self.caches]
-        chunks: dict = {"before": self._digests(live) if self.before else []}
-        chunks["source"] = self._rows_digests([(c, c.source, tok) for c, (tok, _) in live if c.source is not None])
+        # before the step only copies are taken (the slots, the source rows, the eager run's slots); every digest
+        # of the step is made after it, in one pass
+        chunks: dict = {"before": self._gather(live) if self.before else []}
+        chunks["source"] = self._rows_words([(c, c.source, tok) for c, (tok, _) in live if c.source is not None])
         chunks["eager"] = []
         if eager is not None:
             copies = {c.name: (c.tensor.clone() if c.torch else c.tensor.copy()) for c in self.caches}
             eager(copies)
-            chunks["eager"] = _digest_many({c.cache_id: _Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
+            chunks["eager"] = _word_chunks({c.cache_id: _Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
                                                                page_size=c.page_size, slot_bytes=c.slot_bytes,
                                                                source=None).gather(idx) for c, (_, idx) in live})
         t1 = time.perf_counter_ns()
@@ -322,14 +351,14 @@ class ValueProbe:
             self._step = None
             raise
         t2 = time.perf_counter_ns()
-        chunks["after"] = self._digests(live)
+        chunks["after"] = self._gather(live)
         given = []
         for c, (tok, _idx) in live:
             step_rows = self._expect.pop(c.cache_id, None)
             if step_rows is not None and step_rows[0] == int(step):
                 given.append((c, step_rows[1], tok))
-        chunks["given"] = self._rows_digests(given)
-        host = _read_back(chunks)  # the step's one synchronisation
+        chunks["given"] = self._rows_words(given)
+        host = _read_back(_digest_all(chunks))  # the step's one digest pass and one synchronisation
         self._record(step, live, slots, reqs, host)
         self._expect.clear()
         self._step = None
@@ -350,10 +379,9 @@ class ValueProbe:
                 memo[key] = tok, slots[tok]
         return memo[key]
 
-    def _digests(self, live) -> list[tuple[list, object]]:
-        """Digests of every cache's slots of the step, as chunks: torch caches sharing one storage in one gather and
-        one digest (kept on the device until the step's one read-back), the others one gather each and one digest
-        for all."""
+    def _gather(self, live) -> list[tuple[list, object, int]]:
+        """Every cache's slots of the step as word chunks (copies): torch caches sharing one storage in one
+        gather, the others one gather each."""
         if self._plan is None:  # which caches share a storage: found once
             self._plan = _pools(self.caches)
         where = dict(live)
@@ -370,16 +398,15 @@ class ValueProbe:
             else:
                 idx = torch.stack([where[c][1] for c in cs])  # [C, k] slots
             at = (base[:, None, None] + idx[:, :, None] * w + words).reshape(-1)
-            out.append(([c.cache_id for c in cs],
-                        digest_words(flat.index_select(0, at).reshape(-1, w)).reshape(len(cs), -1)))
+            out.append(([c.cache_id for c in cs], flat.index_select(0, at).reshape(-1, w), len(toks[0])))
             done.update(c.cache_id for c in cs)
-        out += _digest_many({c.cache_id: c.gather(idx) for c, (_t, idx) in live if c.cache_id not in done})
+        out += _word_chunks({c.cache_id: c.gather(idx) for c, (_t, idx) in live if c.cache_id not in done})
         return out
 
-    def _rows_digests(self, items) -> list[tuple[list, object]]:
-        """Digests of the rows handed over for caches (``items``: (cache, rows [tokens, ...], checked tokens)),
-        as chunks: the rows of one shape and dtype on one device stacked, the checked tokens taken, digested once
-        (per cache only the references are collected: a step's 80 caches cost one stack and one digest)."""
+    def _rows_words(self, items) -> list[tuple[list, object, int]]:
+        """The rows handed over for caches (``items``: (cache, rows [tokens, ...], checked tokens)) as word chunks:
+        the rows of one shape and dtype on one device stacked (a copy), the checked tokens taken (per cache only the
+        references are collected: a step's 80 caches cost one stack)."""
         groups: dict = {}
         for c, rows, tok in items:
             t = _is_torch(rows)
@@ -396,7 +423,7 @@ class ValueProbe:
             if width != sb:
                 raise ValueError(f"cache {cs[0].name!r}: a row is {width} bytes, a slot {sb}")
             if not k:
-                out.append(([c.cache_id for c in cs], np.zeros((len(cs), 0), np.int64)))
+                out.append(([c.cache_id for c in cs], None, 0))
                 continue
             if t:
                 import torch
@@ -408,7 +435,7 @@ class ValueProbe:
             else:
                 st = np.stack([np.asarray(r) for r in rl])
                 b = np.ascontiguousarray(st if k == n else st[:, tok]).view(np.uint8).reshape(len(cs) * k, sb)
-            out.append(([c.cache_id for c in cs], digest_rows(b).reshape(len(cs), k)))
+            out.append(([c.cache_id for c in cs], row_words(b), k))
         return out
 
     def _record(self, step, live, slots, reqs, host: dict) -> None:
