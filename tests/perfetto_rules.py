@@ -337,8 +337,9 @@ RULES = {"tracks": check_tracks, "slices": check_slices, "flows": check_flows,
          "incremental": lambda w: list(w.incremental), "clocks": check_clocks, "order": check_order}
 
 
-def problems(trace, rules=RULES) -> dict[str, list[str]]:
-    """Each rule's problems on ``trace`` (a decoded perfetto Trace); rules without problems are left out."""
-    w = walk(trace)
+def problems(trace, rules=RULES, walked: Walk | None = None) -> dict[str, list[str]]:
+    """Each rule's problems on ``trace`` (a decoded perfetto Trace; ``walked``: its walk(), where already made);
+    rules without problems are left out."""
+    w = walk(trace) if walked is None else walked
     found = {name: rule(w) for name, rule in rules.items()}
     return {k: v for k, v in found.items() if v}

@@ -47,13 +47,25 @@ def load(path: Path) -> pb.Trace:
     return t
 
 
+@pytest.fixture(scope="module")
+def walked(traces):
+    """case -> walk() of its written trace, made once for the tests that read it (~2 s for Qwen's)."""
+    out = {}
+
+    def get(case: str):
+        if case not in out:
+            out[case] = walk(load(traces(case)))
+        return out[case]
+
+    return get
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_trace_keeps_the_rules(traces, case):
-    t = load(traces(case))
-    w = walk(t)
+def test_every_trace_keeps_the_rules(traces, walked, case):
+    w = walked(case)
     if case != "h200-typo-pattern/typo-pattern.kvdump":  # a capture whose pattern matched no kernel: metadata only
         assert len(w.events) > 100 and w.tracks  # a trace with events in it, not an empty pass
-    assert problems(t) == {}
+    assert problems(None, walked=w) == {}
 
 
 # --- each rule, broken on purpose in a copy of a real trace -------------------------------------------------------
@@ -194,14 +206,14 @@ def _trace_processor(path: Path):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_trace_processor_imports_cleanly(traces, case):
+def test_trace_processor_imports_cleanly(traces, walked, case):
     path = traces(case)
     tp = _trace_processor(path)
     try:
         bad = tp.query("select name, idx, severity, value from stats "
                        "where severity in ('error', 'data_loss') and value > 0").as_pandas_dataframe()
         assert bad.empty, bad.to_string()
-        w = walk(load(path))
+        w = walked(case)
         slices = [e for e in w.events if e.kind in (T_BEGIN, T_INSTANT)]
         flows = {f for e in w.events for f in e.ends}
         got = tp.query("select (select count(*) from slice) n, (select count(*) from flow) f, "
