@@ -10,8 +10,10 @@ slot (``index_copy_``), the output projection and a SwiGLU MLP, RMS-normalised. 
 layer (436 MiB: 9x the H200's L2, so each layer still streams them from memory). Attention over the context is
 left out: the step here is shorter than a real one, so the overhead it gives is an upper bound.
 
-Per variant, ``--steps`` timed steps (after ``--warmup``), each ``replay(); synchronize()`` as an engine that reads
-its sampled tokens back does, with and without the probe around it (wall clock, median):
+Per variant, ``--steps`` pairs of timed steps (after ``--warmup``), each ``replay(); synchronize()`` as an engine that
+reads its sampled tokens back does, alternately without and with the probe around it (wall clock, median;
+``probe_before_ms``: the probe's work before the replay, ``probe_after_incl_step_ms``: after the replay was queued
+until the records were made, the step's own device time included):
   pooled        the 2 x layers caches are views of one pool tensor: one gather for all of them (the probe sees it)
   apart         every cache its own tensor: one gather per cache, then one digest over all
   pooled-after  pooled, without the digest before the step (before=False: a missed write then reads as wrong value)
@@ -100,14 +102,6 @@ def run_variant(args, torch, name: str) -> dict:
         slots.copy_(torch.tensor(host, dtype=torch.int64))
         return host
 
-    base = []
-    for step in range(args.warmup + args.steps):
-        set_slots(step)
-        t = time.perf_counter_ns()
-        replay()
-        sync(torch, args.device)
-        if step >= args.warmup:
-            base.append(time.perf_counter_ns() - t)
     with tempfile.TemporaryDirectory() as tmp:
         rec = CanaryRecorder(os.path.join(tmp, "v.kvdump"))
         vp = ValueProbe(rec, before=name != "pooled-after")
@@ -115,13 +109,19 @@ def run_variant(args, torch, name: str) -> dict:
         for c, n in zip(caches, names):
             vp.watch(c, name=n, page_size=P)
         reqs = list(range(1, B + 1))
-        probed, wrong = [], 0
-        for step in range(args.warmup + args.steps):
+        base, probed = [], []
+        for step in range(args.warmup + args.steps):  # a plain step and a probed one, in turn
+            set_slots(step)
+            t = time.perf_counter_ns()
+            replay()
+            sync(torch, args.device)
+            t_plain = time.perf_counter_ns() - t
             host = set_slots(step)
             t = time.perf_counter_ns()
             with vp.step(step, host, reqs, expect={n: outs[i] for i, n in enumerate(names)}):
                 replay()
             if step >= args.warmup:
+                base.append(t_plain)
                 probed.append(time.perf_counter_ns() - t)
         rec.close()
         from kvconv.format import dump
@@ -135,7 +135,7 @@ def run_variant(args, torch, name: str) -> dict:
     return {"variant": name, "step_ms": round(med_b / 1e6, 4), "step_with_probe_ms": round(med_p / 1e6, 4),
             "overhead_pct": round(100 * (med_p - med_b) / med_b, 2),
             "probe_before_ms": round(statistics.median(t for t, _ in warm) / 1e6, 4),
-            "probe_after_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
+            "probe_after_incl_step_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
             "step_p90_ms": round(sorted(base)[int(0.9 * (len(base) - 1))] / 1e6, 4),
             "with_probe_p90_ms": round(sorted(probed)[int(0.9 * (len(probed) - 1))] / 1e6, 4),
             "records": records, "wrong_values": wrong}
@@ -161,6 +161,8 @@ def main(argv=None) -> int:
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # a smoke run: steadier on a shared machine
     if args.small:
         args.layers, args.batch, args.hidden, args.kv_heads, args.head_dim, args.ffn = 4, 8, 256, 2, 64, 512
         args.num_pages, args.steps, args.warmup = 64, 10, 2
