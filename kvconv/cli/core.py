@@ -24,7 +24,7 @@ from kvconv.cli.common import (
     output_option,
     renamed,
 )
-from kvconv.format.errors import FormatError
+from kvconv.format.errors import FormatError, KvconvError
 from kvconv.format.findings import Finding
 from kvconv.names import demangle, demangle_text
 from kvconv.wording import counted
@@ -98,8 +98,13 @@ def _info_one(path: Path, opts, popts) -> Outcome:
         # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON. info's
         # exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
         rep = _judged(path, opts.salvage)
-    info["verdict"] = {k: v for k, v in rep.to_dict().items() if k in _VERDICT_KEYS}
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
+    if isinstance(rep, str):  # the checks failed on a bug: the description stands, the verdict is not claimed
+        info["verdict"] = {"verdict": None, "internal_error": rep}
+        text = _info_text(str(path), info) + (f"\n{path}: verdict not computed (internal error in the checks: {rep}; "
+                                              f"please report it, KVCONV_DEBUG=1 shows where)")
+        return Outcome(str(path), code, info, text=text)
+    info["verdict"] = {k: v for k, v in rep.to_dict().items() if k in _VERDICT_KEYS}
     return Outcome(str(path), code, info, text=_info_text(str(path), info, rep))
 
 
@@ -107,10 +112,21 @@ _VERDICT_KEYS = ("verdict", "exit_code", "errors", "warnings", "incidents")
 
 
 def _judged(path: Path, salvage: bool):
+    """validate's report, or None when the checks fail on a bug of theirs: info still describes the dump (its last
+    line says the verdict was not computed; KVCONV_DEBUG=1 raises)."""
+    import os
+
     from kvconv.check.validate import ValidateOptions
     from kvconv.check.validate import validate as run_validate
 
-    return run_validate(path, options=ValidateOptions(salvage=salvage))
+    try:
+        return run_validate(path, options=ValidateOptions(salvage=salvage))
+    except KvconvError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an internal error of the checks, said in one line
+        if os.environ.get("KVCONV_DEBUG"):
+            raise
+        return f"{type(e).__name__}: {e}"
 
 
 _STATE = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED",
