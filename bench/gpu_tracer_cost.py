@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "native" / "workloads"))
 
 KERNELS = "reshape_and_cache_flash_kernel,index_copy_kernel_impl"
-WORKS = ["light", "qwen14b", "engine-small", "engine-qwen"]
-TARGETS_PER_REPLAY = {"light": 40, "qwen14b": 40, "engine-small": 40, "engine-qwen": 40}
+WORKS = ["light", "qwen14b", "engine-small", "engine-qwen", "engine-small-b"]
+TARGETS_PER_REPLAY = {"light": 40, "qwen14b": 40, "engine-small": 40, "engine-qwen": 40, "engine-small-b": 40}
 
 
 class Engine:
@@ -106,7 +106,7 @@ def build(torch, work, layers):
                                 block_size=16, num_blocks=8)
         m = kvd.Model(ns, kvd.KvKernel("reshape_and_cache_flash_kernel", kvd.KV_SRC))
         return m, m.H
-    if work == "engine-small":
+    if work in ("engine-small", "engine-small-b"):  # -b: a second graph of the same shape (its own weights)
         return Engine(torch, H=1024, q_heads=8, kv_heads=2, inter=2048, layers=layers), 1024
     qw = build.cache.get("qwen14b")
     weights = qw.layers if qw is not None else None
@@ -188,7 +188,7 @@ def _sleep_cycles_per_us(torch) -> float:
     return 10_000_000 / (a.elapsed_time(b) * 1e3)
 
 
-def timed_loop(torch, graphs, iters, warmup, mode="idle", prime_us=0.0, cycles_per_us=0.0):
+def timed_loop(torch, graphs, iters, warmup, mode="idle", prime_us=0.0, cycles_per_us=0.0, blocked=False):
     """GPU ms and host us per replay of each graph, in one of three ways (issue 31: they differ under the tracer):
 
     idle       synchronize, event, replay(), event: the GPU sits idle while replay() runs on the host, so the
@@ -206,9 +206,12 @@ def timed_loop(torch, graphs, iters, warmup, mode="idle", prime_us=0.0, cycles_p
     n = PIPELINE if mode == "pipelined" else 1
     if n > 1:  # a sample is n replays: as many replays in all as the other modes, in fewer samples
         iters, warmup = max(5, iters // n), max(1, warmup // n)
-    for i in range(warmup + iters):
-        k = i % len(names)
-        for name in names[k:] + names[:k]:  # rotate which work goes first
+    if blocked:  # every replay of one work, then the next work's: no other graph launched in between
+        plan = [(i, [name]) for name in names for i in range(warmup + iters)]
+    else:  # interleaved, rotating which work goes first
+        plan = [(i, names[i % len(names):] + names[:i % len(names)]) for i in range(warmup + iters)]
+    for i, order in plan:
+        for name in order:
             torch.cuda.synchronize()
             if mode == "primed":
                 torch.cuda._sleep(int(prime_us * cycles_per_us))
@@ -259,7 +262,8 @@ def inner(args) -> dict:
     cpu = _sleep_cycles_per_us(torch)
     out = {"iters": args.iters, "layers": args.layers, "setup_s": round(t_setup, 2),
            "traced": bool(os.environ.get("CUDA_INJECTION64_PATH")), "profiler": args.profiler, "modes": {},
-           "sleep_cycles_per_us": round(cpu, 1), "extra_eager": args.extra_eager, "ballast_gb": args.ballast_gb}
+           "sleep_cycles_per_us": round(cpu, 1), "blocked": args.blocked, "extra_eager": args.extra_eager,
+           "ballast_gb": args.ballast_gb}
     prime_us = 0.0
     for mode in args.modes:
         if mode == "primed":  # long enough to cover the slowest host replay seen so far, 2 ms at least
@@ -270,9 +274,9 @@ def inner(args) -> dict:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CUDA]):
-                res = timed_loop(torch, graphs, args.iters, args.warmup, mode, prime_us, cpu)
+                res = timed_loop(torch, graphs, args.iters, args.warmup, mode, prime_us, cpu, args.blocked)
         else:
-            res = timed_loop(torch, graphs, args.iters, args.warmup, mode, prime_us, cpu)
+            res = timed_loop(torch, graphs, args.iters, args.warmup, mode, prime_us, cpu, args.blocked)
         out["modes"][mode] = _stats(*res)
     out["works"] = out["modes"][args.modes[0]]  # the first mode asked for, under the key older tables read
     if args.count_kernels:
@@ -369,8 +373,8 @@ def outer(args) -> int:
                 extra.append("--count-kernels")
             cmd = [sys.executable, __file__, "--inner", "--iters", str(args.iters), "--warmup", str(args.warmup),
                    "--layers", str(args.layers), "--works", *args.works, "--modes", *args.modes,
-                   "--ballast-gb", str(args.ballast_gb), *(["--extra-eager", *args.extra_eager] if args.extra_eager
-                                                           else []), *extra]
+                   "--ballast-gb", str(args.ballast_gb), *(["--blocked"] if args.blocked else []),
+                   *(["--extra-eager", *args.extra_eager] if args.extra_eager else []), *extra]
             t = time.perf_counter()
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -409,6 +413,8 @@ def main() -> int:
     ap.add_argument("--extra-eager", nargs="*", default=[], choices=WORKS,
                     help="also run one layer of these works eagerly after the capture (their modules loaded)")
     ap.add_argument("--ballast-gb", type=float, default=0.0, help="also hold this much device memory, unused")
+    ap.add_argument("--blocked", action="store_true",
+                    help="time each work's replays in one block (default: the works interleaved, one replay each)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
