@@ -224,6 +224,7 @@ class _Cache:
             flat = flat.view(np.uint8)[: self.num_slots * self.slot_bytes]
         self.rows = flat.reshape(self.num_slots, self.slot_bytes)  # bytes per slot (a view)
         self.base = int(cache.data_ptr()) if self.torch else int(cache.ctypes.data)
+        self.live_key = (self.num_slots, str(cache.device) if self.torch else None)  # caches sharing slot indices
         self.source = source
 
     def gather(self, slots):
@@ -368,7 +369,7 @@ class ValueProbe:
     def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray, memo: dict):
         """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device),
         made once per step for every cache of one size on one device."""
-        key = (c.num_slots, str(c.tensor.device) if c.torch else None)
+        key = c.live_key
         if key not in memo:
             tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
             if c.torch:
@@ -410,7 +411,7 @@ class ValueProbe:
         groups: dict = {}
         for c, rows, tok in items:
             t = _is_torch(rows)
-            key = (t, str(rows.device) if t else None, str(rows.dtype), tuple(rows.shape), c.slot_bytes, id(tok))
+            key = (t, rows.device if t else None, rows.dtype, rows.shape, c.slot_bytes, id(tok))
             g = groups.setdefault(key, ([], [], tok))
             g[0].append(c)
             g[1].append(rows)
