@@ -234,9 +234,8 @@ class _Cache:
 
 def _pools(caches: list[_Cache]) -> list[tuple[list[_Cache], object]]:
     """The torch caches that share one storage and one slot width (two or more, int64-aligned): per storage, the
-    caches and (flat int64 words of the storage, word offset of each cache's slot 0, words per slot, their
-    arange), for one
-    gather across all of them (the K and V caches of every layer as views of one pool, say)."""
+    caches and (flat int64 words of the storage, word offset of each cache's slot 0, words per slot, their arange),
+    for one gather across all of them (the K and V caches of every layer as views of one pool, say)."""
     by = {}
     for c in caches:
         if c.torch and c.slot_bytes % 8 == 0:
@@ -263,8 +262,8 @@ class ValueProbe:
 
     ``out``: a dump path (a :class:`~kvconv.capture.probe.writer.CanaryRecorder` is made for it) or a recorder
     shared with the location canary (one dump for both). ``before=False`` skips the digest of the slots before the
-    step (cheaper; a slot not written then reads as a wrong value). ``timings``: per step, host ns spent in the
-    probe's digests before and after the step (the second includes waiting for the step's work on the device).
+    step (cheaper; a slot not written then reads as a wrong value). ``timings``: per step, host ns spent by the probe
+    before the step and after it (the second includes waiting for the step's work on the device).
     """
 
     def __init__(self, out, *, metadata: dict | None = None, context_id: int = 0, device_id: int = 0,
