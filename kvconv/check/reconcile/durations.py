@@ -318,11 +318,16 @@ def _graph(t: LaunchTable, dur: Durations, names: dict, ex: int, rows: np.ndarra
         r = rows[t.node_ordinal[rows] == o]
         nodes.append({"node_ordinal": int(o), "node": hexs(t.node[r[0]]),
                       "kernel": kernel_short(names, t.kernel_slot[r[0]]), "replays": _spread(dns[r])})
-    replays = []
-    for rep in np.unique(t.launch_id[rows]):
-        r = rows[t.launch_id[rows] == rep]
-        replays.append({"replay": int(rep), "nodes_timed": int(len(r)), "kv_write_ns": int(dns[r].sum()),
-                        "span_ns": int(dur.end_ns[r].max() - dur.start_ns[r].min())})
+    # per replay, by one sort of the rows (a mask of all rows per replay was quadratic: 3.7 s for 9,600 replays)
+    lid = t.launch_id[rows]
+    order = np.argsort(lid, kind="stable")
+    r, lid = rows[order], lid[order]
+    at = np.flatnonzero(np.r_[True, lid[1:] != lid[:-1]])  # rows is never empty: a graph exec of timed rows
+    count = np.diff(np.r_[at, len(r)])
+    kv_ns = np.add.reduceat(dns[r].astype(np.int64), at)
+    span = np.maximum.reduceat(dur.end_ns[r], at) - np.minimum.reduceat(dur.start_ns[r], at)
+    replays = [{"replay": int(rep), "nodes_timed": int(c), "kv_write_ns": int(k), "span_ns": int(s)}
+               for rep, c, k, s in zip(lid[at].tolist(), count.tolist(), kv_ns.tolist(), span.tolist())]
     kv = np.array([x["kv_write_ns"] for x in replays], np.int64)
     return {"graph_exec": hexs(ex), "node_ns": _spread(dns[rows]), "kv_write_ns": _spread(kv),
             "nodes": nodes, "replays": replays}
