@@ -112,7 +112,7 @@ void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_
 static std::mutex g_loaded_mu;
 static LoadedKernels g_loaded;                      // g_loaded_mu
 static std::unordered_set<uint64_t> g_loaded_seen;  // FNV-1a of every distinct name seen (8 bytes a name)
-static size_t g_loaded_bytes = 0;
+static size_t g_loaded_bytes = 0, g_loaded_related = 0;
 
 static uint64_t fnv1a(const char* s, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -159,6 +159,22 @@ static bool elf_functions(const char* img, size_t size, bool entries, std::vecto
   return any;
 }
 
+// A name that shares kRelatedRun characters in a row with a -k pattern (the whole pattern when shorter): past the
+// first kLoadedKernelsMax names, up to kLoadedKernelsRelated of these are still kept, so that a large process (a
+// framework's kernels loaded first) still lists the kernels a mistyped pattern was meant for.
+static const size_t kRelatedRun = 8, kLoadedKernelsRelated = 256;
+
+static bool related(const char* name, size_t n) {
+  const std::string s(name, n);
+  for (auto& p : g_cfg.patterns) {
+    if (p.empty()) continue;
+    const size_t run = p.size() < kRelatedRun ? p.size() : kRelatedRun;
+    for (size_t i = 0; i + run <= p.size(); ++i)
+      if (s.find(p.data() + i, 0, run) != std::string::npos) return true;
+  }
+  return false;
+}
+
 void note_loaded_kernels(uint32_t ctx, const void* image, size_t size) {
   const char* img = static_cast<const char*>(image);
   std::vector<std::pair<const char*, size_t>> fns;
@@ -173,8 +189,11 @@ void note_loaded_kernels(uint32_t ctx, const void* image, size_t size) {
     if (!g_loaded_seen.insert(fnv1a(name, n)).second) continue;
     logf(2, "context %u: loaded kernel %.*s", ctx, static_cast<int>(n), name);
     if (g_loaded.names.size() >= kLoadedKernelsMax || g_loaded_bytes + n > kLoadedKernelsBytes) {
-      g_loaded.dropped++;
-      continue;
+      if (g_loaded_related >= kLoadedKernelsRelated || n > 4096 || !related(name, n)) {
+        g_loaded.dropped++;
+        continue;
+      }
+      g_loaded_related++;  // past the bounds, a name a pattern was likely meant for (at most 256 x 4 KiB more)
     }
     g_loaded.names.emplace_back(name, n);
     g_loaded_bytes += n;

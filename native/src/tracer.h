@@ -187,7 +187,8 @@ bool cubin_has_target(const char* cubin, size_t size);
 void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_t n);
 // The names of the kernels of every loaded module (metadata loaded_kernels: kvconv's coverage check offers the ones
 // closest to a -k pattern that matched nothing): the entry functions of the module's ELF image, the first
-// kLoadedKernelsMax distinct names (kLoadedKernelsBytes in all) kept, the rest counted.
+// kLoadedKernelsMax distinct names (kLoadedKernelsBytes in all) kept, then up to 256 that share 8 characters in a
+// row with a pattern, the rest counted.
 static const size_t kLoadedKernelsMax = 4096;
 static const size_t kLoadedKernelsBytes = 1 << 20;
 void note_loaded_kernels(uint32_t ctx, const void* image, size_t size);
