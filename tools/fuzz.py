@@ -15,7 +15,7 @@ random ``--json`` / ``--salvage`` flags and, for the emitters, ``-o`` into an em
   stderr line is one ``Error: ...`` / ``Warning: ...`` line;
 - a failing run leaves the output folder empty (no output, no temporary names); a successful one leaves exactly its
   output; a command whose output renders the verdict (``report``) leaves exactly its output for every verdict
-  (exit 0, 1, 4, 5) and nothing when the dump is unreadable (2); the input file is never modified;
+  (exit 0, 1, 4, 5) and nothing when it fails with an ``Error:`` line (2, or 1); the input file is never modified;
 - memory stays bounded by the file's size (python + numpy allocations traced with tracemalloc, and the worker's
   peak RSS), and the run ends within the time limit.
 
@@ -760,7 +760,9 @@ def judge(cmd: Command, o: Outcome, size: int, *, inputs_changed=()) -> list[str
         p.append("memory: the command ran out of memory")
     if cmd.out_opt:
         target = os.path.basename(cmd.out_path("."))
-        wrote = {0, 1, 4, 5} if cmd.renders_verdict else {0}
+        # a verdict renderer's exit 1 is a FAILED verdict (output written) unless an Error line says it could not
+        # render one (e.g. metadata that is not JSON: an error, nothing written)
+        wrote = ({0, 4, 5} | (set() if has_error_line else {1})) if cmd.renders_verdict else {0}
         if rc not in wrote and o.leftovers:
             p.append(f"leftover-output: exit {rc} left {o.leftovers[:5]}")
         if rc in wrote:

@@ -111,9 +111,7 @@ def heatmap(m: np.ndarray, first_rows: np.ndarray, *, title: str, label: str, un
 def _cmap(name: str):
     import matplotlib
 
-    c = matplotlib.colormaps[name].copy()
-    c.set_bad("#ffffff")
-    return c
+    return matplotlib.colormaps[name].with_extremes(bad="#ffffff")  # set_bad is deprecated (matplotlib 3.10)
 
 
 @_with_rc
