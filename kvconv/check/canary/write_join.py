@@ -209,6 +209,12 @@ def _requests(steps, smap, qstep, qslot, n: int, q: np.ndarray):
     qr = rank[qstep]
     live = ~mpad & (ms >= 0)
     li = np.flatnonzero(live)
+    if not len(li):  # no live token mapped at all (every mapped row a pad, or slot < 0): nobody owns a slot
+        pi = np.flatnonzero(mpad & (ms >= 0))
+        if len(pi):
+            j = _last_at_or_before(ms[pi], mr[pi], qslot, qr)
+            pad[q] = (j >= 0) & (mr[pi[np.maximum(j, 0)]] == qr)
+        return req, has_req, own, own_step, has_own, pad
     j = _last_at_or_before(ms[li], mr[li], qslot, qr)
     f = j >= 0
     jj = li[np.maximum(j, 0)]
