@@ -43,13 +43,8 @@ print(json.dumps(res))
 
 
 def _batch(*argvs, cwd=None) -> list[Result]:
-    """Each argv through ``kvconv.cli.main`` (what the ``kvconv`` script runs), in one process: one start-up."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KVCONV_PROGRESS_INTERVAL="3600", COLUMNS="200")
-    env.pop("KVCONV_DEBUG", None)
-    p = subprocess.run([sys.executable, "-c", _BATCH, json.dumps([[str(a) for a in v] for v in argvs])], cwd=cwd,
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    return [Result(*r) for r in json.loads(p.stdout)]
+    """Each argv through ``kvconv.cli.main`` (what the ``kvconv`` script runs), in this process (conftest.run_cli)."""
+    return [run_cli(*v, cwd=cwd) for v in argvs]
 
 
 def _argv(cmd: str, out, *extra) -> list:
@@ -221,8 +216,20 @@ def test_a_dead_processs_temporaries_are_removed_a_live_ones_kept(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([name, "tables", live.name, old_style.name])
 
 
-def test_two_writers_at_once(big, tmp_path):
+@pytest.fixture(scope="module")
+def medium(tmp_path_factory):
+    """A dump whose conversion outlasts a second process's start (~6 MB): what two writers at once need."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gendump
+
+    p = tmp_path_factory.mktemp("medium") / "medium.kvdump"
+    gendump.write(p, gendump.GenOptions(size_bytes=6 << 20))
+    return p
+
+
+def test_two_writers_at_once(medium, tmp_path):
     # Both --force to one file: each writes its own temporary, the renames are atomic: one whole trace either way.
+    big = medium
     ref = tmp_path / "ref.pftrace"
     assert run_cli("perfetto", big, "-o", ref, "-q").returncode == 0
     out = tmp_path / "out.pftrace"
@@ -248,11 +255,18 @@ def test_two_writers_at_once(big, tmp_path):
 
 # ---- several inputs, one unreadable ----------------------------------------------------------------------------
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop to nobody")
-@pytest.mark.parametrize("cmd", ["info", "validate", "reconcile", "perfetto", "report", "canary", "diff"])
-def test_an_unreadable_input_is_reported_with_the_others(cmd):
-    # Before: typer's readable check on DUMPS stopped the run with click's usage text; the readable dump was not
-    # reported and --json printed nothing. (Root reads any file, so the run drops to nobody.)
+UNREADABLE_CMDS = ["info", "validate", "reconcile", "perfetto", "report", "canary", "diff"]
+
+
+def _unreadable_argv(cmd: str) -> list[str]:
+    argv = [cmd, "b.kvdump"] if cmd == "canary" else [cmd, "a.kvdump", "b.kvdump"]
+    return argv + (["-o", f"out-{cmd}"] if cmd in ("perfetto", "report") else [] if cmd == "diff" else ["--json"])
+
+
+@pytest.fixture(scope="module")
+def unreadable_runs() -> dict[str, Result]:
+    """Each command of UNREADABLE_CMDS on a readable a.kvdump and an unreadable b.kvdump, run as nobody (root reads
+    any file) through ``kvconv.cli.main``, all in one child process (one start-up instead of seven)."""
     d = tempfile.mkdtemp(prefix="kvconv-unreadable-", dir="/tmp")
     try:
         os.chmod(d, 0o777)
@@ -261,20 +275,30 @@ def test_an_unreadable_input_is_reported_with_the_others(cmd):
         shutil.copy(SMALL, b)
         os.chmod(a, 0o644)
         os.chmod(b, 0o000)
-        argv = [cmd, "b.kvdump"] if cmd == "canary" else [cmd, "a.kvdump", "b.kvdump"]
-        argv += ["-o", "out"] if cmd in ("perfetto", "report") else [] if cmd == "diff" else ["--json"]
         env = dict(os.environ, PYTHONPATH=str(ROOT), KVCONV_PROGRESS_INTERVAL="3600")
-        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                            "kvconv", *argv], cwd=d, env=env, capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2, p
-        assert "Usage:" not in p.stderr and "b.kvdump" in p.stderr and "Permission denied" in p.stderr, p.stderr
-        if "--json" in argv:
-            doc = json.loads(p.stdout)
-            paths = ["b.kvdump"] if cmd == "canary" else ["a.kvdump", "b.kvdump"]
-            assert [x["path"] for x in doc["dumps"]] == paths and doc["exit"] == 2
-            assert doc["dumps"][-1]["exit"] == 2
+        env.pop("KVCONV_DEBUG", None)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                            _BATCH, json.dumps([_unreadable_argv(c) for c in UNREADABLE_CMDS])], cwd=d, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return dict(zip(UNREADABLE_CMDS, (Result(*r) for r in json.loads(p.stdout))))
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop to nobody")
+@pytest.mark.parametrize("cmd", UNREADABLE_CMDS)
+def test_an_unreadable_input_is_reported_with_the_others(cmd, unreadable_runs):
+    # Before: typer's readable check on DUMPS stopped the run with click's usage text; the readable dump was not
+    # reported and --json printed nothing. (Root reads any file, so the run drops to nobody.)
+    argv, p = _unreadable_argv(cmd), unreadable_runs[cmd]
+    assert p.returncode == 2, p
+    assert "Usage:" not in p.stderr and "b.kvdump" in p.stderr and "Permission denied" in p.stderr, p.stderr
+    if "--json" in argv:
+        doc = json.loads(p.stdout)
+        paths = ["b.kvdump"] if cmd == "canary" else ["a.kvdump", "b.kvdump"]
+        assert [x["path"] for x in doc["dumps"]] == paths and doc["exit"] == 2
+        assert doc["dumps"][-1]["exit"] == 2
 
 
 def test_a_piped_empty_input_says_empty_input(tmp_path):
