@@ -61,7 +61,8 @@ def _report(res, quiet: bool) -> None:
     where = "stdout" if res.output == "-" else res.output
     (sys.stderr if res.output == "-" else sys.stdout).write(
         f"wrote {where}: {counted(res.contexts, 'context')}, {counted(res.written_events, 'device event')}, "
-        f"{counted(res.host_records, 'host record')}, {counted(res.flows, 'flow')}, "
+        f"{counted(res.host_records, 'host record')}, "
+        f"{counted(res.tables, 'table') if res.tables else counted(res.flows, 'flow')}, "
         f"{counted(res.bytes_written, 'byte')}\n")
 
 

@@ -163,6 +163,7 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
                 with c.held(drop=("host_ns", "node", "flags", "dup", "gx", "gy", "gz")):
                     _joined_tables(pa, c, sink, options, res)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
+    res.tables = sum(1 for p in Path(out).iterdir() if p.is_dir())
     return res
 
 

@@ -72,6 +72,7 @@ class EmitResult:
     written_events: int = 0
     bytes_written: int = 0
     flows: int = 0
+    tables: int = 0  # arrow: the tables written (a folder each), instead of flows
     join: list[str] = field(default_factory=list)
     alignment: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
