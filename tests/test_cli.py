@@ -85,14 +85,31 @@ def test_demo_runs_the_whole_chain(tmp_path):
 HEAVY = ("numpy", "pyarrow", "perfetto", "google.protobuf", "jsonschema", "torch")
 
 
-@pytest.mark.parametrize("name", [None, *commands()])
-def test_help_imports_nothing_heavy(name):
-    """--help stays fast: the command modules keep numpy, pyarrow, protos and jsonschema inside the commands."""
+@pytest.fixture(scope="module")
+def help_imports() -> dict:
+    """Each command's --help (and kvconv's own, key None) through kvconv.cli.main in one fresh process, in turn: the
+    heavy modules each one imported (those not imported before it). One process for all: a heavy import shows at
+    the first --help that makes it."""
+    import json
     import subprocess
     import sys
 
-    code = ("import sys, contextlib, io\nfrom kvconv.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()): main(sys.argv[1:] + ['--help'])\n"
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {[h.split('.')[0] for h in HEAVY]!r}))")
-    r = subprocess.run([sys.executable, "-c", code, *([name] if name else [])], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+    names = [None, *commands()]
+    code = ("import sys, contextlib, io, json\nout, before = [], set()\n"
+            f"heavy = {sorted({h.split('.')[0] for h in HEAVY})!r}\n"
+            "def loaded(): return {m for m in sys.modules if m.split('.')[0] in heavy}\n"
+            "from kvconv.cli import main\n"
+            "for name in json.loads(sys.argv[1]):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()): main(([name] if name else []) + ['--help'])\n"
+            "    out.append(sorted(loaded() - before))\n"
+            "    before = loaded()\n"
+            "print(json.dumps(out))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(names)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return dict(zip(names, json.loads(r.stdout)))
+
+
+@pytest.mark.parametrize("name", [None, *commands()])
+def test_help_imports_nothing_heavy(name, help_imports):
+    """--help stays fast: the command modules keep numpy, pyarrow, protos and jsonschema inside the commands."""
+    assert help_imports[name] == [], help_imports
