@@ -109,3 +109,65 @@ def test_ctrl_c_mid_write_leaves_no_temporary(cmd, out, big, tmp_path):
     assert p.returncode == 128 + signal.SIGINT, (p.returncode, err)
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert os.listdir(work) == []
+
+
+# ---- --json and -q on every command that reads a dump --------------------------------------------------------
+
+def _dump_commands() -> dict:
+    import typer.main
+
+    from kvconv import cli
+
+    grp = typer.main.get_command(cli.app)
+    out = {}
+    for name, cmd in grp.commands.items():
+        args = [p for p in cmd.params if p.param_type_name == "argument"]
+        if args and "DUMP" in (args[0].metavar or "") or name == "diff":
+            out[name] = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    return out
+
+
+def test_every_dump_command_has_json_and_quiet():
+    # Before: perfetto, chrome, arrow and report had no --json; canary had no -q.
+    cmds = _dump_commands()
+    assert {"info", "validate", "reconcile", "canary", "perfetto", "chrome", "arrow", "report", "diff"} <= set(cmds)
+    for name, opts in cmds.items():
+        assert "--json" in opts and "-q" in opts, (name, sorted(opts))
+
+
+@pytest.mark.parametrize("cmd,out", [("perfetto", "t.pftrace"), ("chrome", "t.json"), ("arrow", "tables"),
+                                     ("report", "r.html")])
+def test_json_envelope_of_the_writers(cmd, out, tmp_path):
+    import jsonschema
+
+    from kvconv.format import layout
+
+    schema = layout.load_json_schema("cli.schema.json")
+    stale = FIXTURES / "writes-stale-pad" / "writes-stale-pad.kvdump"
+    r = _run([cmd, stale, "-o", out, "--json"], tmp_path, tmp_path)
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, schema)
+    assert doc["command"] == cmd and doc["dumps"][0]["result"] == {"verdict": "failed", "incidents": 2}
+    target = tmp_path / out
+    size = target.stat().st_size if target.is_file() else sum(p.stat().st_size for p in target.rglob("*")
+                                                                if p.is_file())
+    assert doc["output"]["bytes"] == size > 0
+    assert r.returncode == (1 if cmd == "report" else 0), r.stderr  # report's status is the verdict's
+    bad = FIXTURES / "bad" / "bad-magic.kvdump"
+    r = _run([cmd, bad, "-o", "x-" + out, "--json"], tmp_path, tmp_path)
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, schema)
+    assert r.returncode == 2 and doc["exit"] == 2 and doc["dumps"][0]["error"]["code"] == "bad-magic"
+    assert not (tmp_path / ("x-" + out)).exists()
+    if cmd != "arrow":
+        r = _run([cmd, SMALL, "-o", "-", "--json"], tmp_path, tmp_path)
+        assert r.returncode == 2 and "--json prints its document on stdout" in r.stderr, r.stderr
+
+
+def test_canary_quiet_prints_findings_and_verdict_only(tmp_path):
+    stale = FIXTURES / "writes-stale-pad" / "writes-stale-pad.kvdump"
+    full = _run(["canary", stale, "--writes"], tmp_path, tmp_path)
+    quiet = _run(["canary", stale, "--writes", "-q"], tmp_path, tmp_path)
+    assert full.returncode == quiet.returncode == 1
+    assert quiet.stdout.splitlines() == full.stdout.splitlines()[1:]
+    assert all(ln.startswith("error ") for ln in quiet.stdout.splitlines()[:-1])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from kvconv.cli.common import JSON, PROGRESS, SALVAGE
+from kvconv.cli.common import JSON, PROGRESS, QUIET, SALVAGE
 
 app = typer.Typer()
 
@@ -44,6 +44,7 @@ def canary_cmd(
                                 "block wrote (kvconv record --writes) against each step's slot mapping"),
     salvage: bool = SALVAGE,
     progress: bool | None = PROGRESS,
+    quiet: bool = QUIET,
 ) -> int:
     """Check the location canary: per step and buffer, pages changed outside the expected set (aliasing or external
     writes) and expected pages that did not change (missing writes), with page and slot ranges. Exit 0 clean, 1
@@ -61,27 +62,33 @@ def canary_cmd(
     if writes:
         from kvconv.cli.canary_writes import run_writes
 
-        return run_writes(dump_path, opts, as_json=as_json, all_findings=all_steps)
+        return run_writes(dump_path, opts, as_json=as_json, all_findings=all_steps, quiet=quiet)
     with open_or_finish("canary", dump_path, opts, as_json=as_json) as d:
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
-                      options=ProgressOptions.from_cli(progress=progress)) as bar:
+                      options=ProgressOptions.from_cli(progress=progress, quiet=quiet)) as bar:
             res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing), progress=bar.update)
         v = part_verdict(d, res, checked=bool(res.counts["steps_checked"]))
         code = verdict.EXIT_CODES[v]
         if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
             finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)
-        _report(res, out, all_steps=all_steps, state=v)
+        _report(res, out, all_steps=all_steps, state=v, quiet=quiet)
     out.flush()
     if code:
         raise typer.Exit(code)
     return 0
 
 
-def _report(res, out, *, all_steps: bool, state: str) -> None:
+def _report(res, out, *, all_steps: bool, state: str, quiet: bool = False) -> None:
+    """The text: the summary and the flagged steps (not with -q), every finding, the verdict line."""
     s = res.summary()
     from kvconv.names import demangle_text
     from kvconv.wording import counted
 
+    if quiet:
+        for f in res.findings:
+            out.write(demangle_text(f.line()) + "\n")
+        out.write(_LAST_LINE[state] + "\n")
+        return
     out.write(f"{res.path}: {counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} checked: "
               f"{counted(s['unexpected_pages'], 'unexpected page')} in {counted(s['steps_with_unexpected'], 'step')}, "
               f"{counted(s['missing_pages'], 'missing page')} in {counted(s['steps_with_missing'], 'step')}\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 
-def run_writes(dump_path: Path, opts, *, as_json: bool, all_findings: bool = False) -> int:
+def run_writes(dump_path: Path, opts, *, as_json: bool, all_findings: bool = False, quiet: bool = False) -> int:
     from kvconv.check import verdict
     from kvconv.check.canary import writes
     from kvconv.cli.canary import _LAST_LINE, part_verdict
@@ -30,6 +30,8 @@ def run_writes(dump_path: Path, opts, *, as_json: bool, all_findings: bool = Fal
     code = verdict.EXIT_CODES[v]
     if v != res.verdict:  # the dump's own state decides (incomplete): the last line says so
         lines[-1] = _LAST_LINE[v]
+    if quiet:  # -q: the findings and the verdict, not the summary line
+        lines = lines[1:]
     text = "\n".join(demangle_text(x) for x in lines)
     finish("canary", [Outcome(str(dump_path), code, res.to_dict(), text=text)], as_json=as_json)
     raise typer.Exit(code)  # pragma: no cover - finish exits

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from kvconv.cli.common import FORCE, PROGRESS, QUIET, SALVAGE, output_option, renamed
+from kvconv.cli.common import FORCE, JSON, PROGRESS, QUIET, SALVAGE, output_option, renamed
 from kvconv.emit.registry import FORMATS, Format
 
 # --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
@@ -39,7 +39,7 @@ def _options(window=None, replays=None, flows=0, reconcile="auto", chunk=1 << 18
                        chunk=chunk, progress=progress, **kw)
 
 
-def _report(res, quiet: bool) -> None:
+def _report(res, quiet: bool, *, as_json: bool = False) -> None:
     from kvconv.cli import err
     from kvconv.wording import counted
 
@@ -57,9 +57,9 @@ def _report(res, quiet: bool) -> None:
     if len(res.alignment) > 1 and all(a["pairs"] for a in res.alignment):
         worst = sorted((a["bound_ns"] for a in res.alignment), reverse=True)[:2]
         err(f"between two contexts: error bound ±{sum(worst) / 1000:.2f} µs")
-    # with -o - the output itself is on stdout: the summary goes to stderr
+    # with -o - the output itself is on stdout, with --json the envelope: the summary goes to stderr
     where = "stdout" if res.output == "-" else res.output
-    (sys.stderr if res.output == "-" else sys.stdout).write(
+    (sys.stderr if res.output == "-" or as_json else sys.stdout).write(
         f"wrote {where}: {counted(res.contexts, 'context')}, {counted(res.written_events, 'device event')}, "
         f"{counted(res.host_records, 'host record')}, "
         f"{counted(res.tables, 'table') if res.tables else counted(res.flows, 'flow')}, "
@@ -70,7 +70,14 @@ _STATE = {"failed": "FAILED", "nothing-checked": "NOTHING CHECKED", "incomplete"
           "unreadable": "UNREADABLE"}
 
 
-def _verdicts(dumps, *, salvage: bool) -> None:
+def _output(res) -> dict:
+    """What ``--json`` says about the output written (schemas/cli.schema.json ``output``)."""
+    return {"path": res.output, "bytes": res.bytes_written, "contexts": res.contexts,
+            "device_events": res.written_events, "host_records": res.host_records, "flows": res.flows,
+            "tables": res.tables, "alignment": res.alignment, "warnings": list(res.warnings)}
+
+
+def _verdicts(dumps, *, salvage: bool) -> list[dict]:
     """Once the output is written: each converted dump's one verdict (kvconv validate's), one ``Warning:`` line on
     stderr for a dump whose verdict is not ok. The exit status stays 0: the output was written (docs/CLI.md); the
     verdict's status is kvconv validate's. Costs one validate pass per dump after the conversion (the converters
@@ -84,6 +91,7 @@ def _verdicts(dumps, *, salvage: bool) -> None:
     from kvconv.format.errors import KvconvError
     from kvconv.wording import counted
 
+    out = []
     for p in dumps:
         try:
             rep = validate(p, options=ValidateOptions(salvage=salvage))
@@ -94,10 +102,13 @@ def _verdicts(dumps, *, salvage: bool) -> None:
                 raise
             err(f"Warning: {p}: verdict not computed (internal error in the checks: {type(e).__name__}: {e}); "
                 f"please report it (kvconv validate {p} with KVCONV_DEBUG=1 shows where)")
+            out.append({"path": str(p), "verdict": None, "incidents": None})
             continue
+        out.append({"path": str(p), "verdict": rep.verdict, "incidents": len(rep.incidents)})
         if rep.verdict != "ok":
             err(f"Warning: {p}: verdict {_STATE[rep.verdict]} ({counted(len(rep.incidents), 'incident')}): "
                 f"run `kvconv validate {p}` (the output was written)")
+    return out
 
 
 _WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
@@ -132,14 +143,35 @@ def _parameters(fmt: Format) -> list[inspect.Parameter]:
     if fmt.name == "chrome":
         opts += [("merge", Path | None, _MERGE)]
     opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", bool | None, PROGRESS),
-             ("salvage", bool, SALVAGE), ("force", bool, FORCE), ("quiet", bool, QUIET)]
+             ("salvage", bool, SALVAGE), ("force", bool, FORCE), ("quiet", bool, QUIET), ("as_json", bool, JSON)]
     return [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a) for n, a, d in opts]
 
 
 def command(fmt: Format):
     """The ``kvconv <fmt.name>`` command of a registered output format (its help ends in the format's example)."""
 
-    def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, fmt_=fmt, **kind) -> None:
+    def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, as_json, fmt_=fmt, **kind) -> None:
+        from kvconv.cli.common import Outcome, finish, print_json
+        from kvconv.format.errors import KvconvError, UsageError
+
+        if as_json and out == "-":
+            raise UsageError("--json prints its document on stdout: give -o PATH for the output", code="bad-output")
+        try:
+            res = _write(dumps, out, reconcile, chunk, progress, salvage, force, quiet or as_json, fmt_, kind)
+        except KvconvError as e:
+            if not as_json:
+                raise
+            finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
+        _report(res, quiet, as_json=as_json)
+        verdicts = _verdicts(dumps, salvage=salvage)
+        if as_json:
+            from kvconv.cli.common import envelope
+
+            outcomes = [Outcome(v["path"], 0, {"verdict": v["verdict"], "incidents": v["incidents"]})
+                        for v in verdicts]
+            print_json(envelope(fmt_.name, outcomes, output=_output(res)))
+
+    def _write(dumps, out, reconcile, chunk, progress, salvage, force, quiet, fmt_, kind):
         extra = {}
         merge = kind.pop("merge", None)
         if fmt_.tables:
@@ -152,15 +184,13 @@ def command(fmt: Format):
             from kvconv.emit.torchmerge import report_merge, write_merged
 
             res, al = write_merged(fmt_.write, dumps, out, merge, options=opts)
-            _report(res, quiet)
             report_merge(al, merge, quiet=quiet)
-        elif fmt_.tables and append:
+            return res
+        if fmt_.tables and append:
             from kvconv.dataset import write_appending
 
-            _report(write_appending(fmt_.write, dumps, out, options=opts), quiet)
-        else:
-            _report(fmt_.write(dumps, out, options=opts), quiet)
-        _verdicts(dumps, salvage=salvage)
+            return write_appending(fmt_.write, dumps, out, options=opts)
+        return fmt_.write(dumps, out, options=opts)
 
     params = _parameters(fmt)
     run.__signature__ = inspect.Signature(params)

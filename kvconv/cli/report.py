@@ -62,6 +62,7 @@ def report_cmd(
     salvage: bool = SALVAGE,
     progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
+    as_json: bool = JSON,
 ) -> None:
     """Write one self-contained HTML page about the dumps: the agreement headline, findings with their codes'
     meaning, and plots (per-replay span and gap, node x replay start offsets and durations, blocks per SM, predicted
@@ -72,14 +73,25 @@ def report_cmd(
     """
     from kvconv.atomic import atomic_output, check_output
     from kvconv.check import reconcile, skew
+    from kvconv.cli.common import Outcome, finish
+    from kvconv.format.errors import KvconvError, UsageError
     from kvconv.look import report
     from kvconv.progress import ProgressOptions
     from kvconv.wording import counted
 
     reconcile.ReconcileOptions(join=join)  # a bad --join is refused before any work
+    if as_json and output == "-":
+        raise UsageError("--json prints its document on stdout: give -o PATH for the page", code="bad-output")
     check_output(output, inputs=dump_paths, kind="report", force=force)
-    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    judged = [_profile(p, join=join, salvage=salvage, popts=popts, what="report") for p in dump_paths]
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
+    judged = []
+    for p in dump_paths:
+        try:
+            judged.append(_profile(p, join=join, salvage=salvage, popts=popts, what="report"))
+        except KvconvError as e:
+            if not as_json:
+                raise
+            finish("report", [Outcome(str(p), e.exit_code, error=e)], as_json=True)
     verdicts, profiles = [v for v, _ in judged], [p for _, p in judged]
     whole = [(str(path), p) for path, p in zip(dump_paths, profiles) if p is not None]
     cross = skew.cross_dump([w for w, _ in whole], [p.reconcile for _, p in whole]) if len(whole) > 1 else None
@@ -87,7 +99,13 @@ def report_cmd(
     data = page.html.encode("utf-8")
     with atomic_output(output, inputs=dump_paths, kind="report", force=force) as tmp:
         Path(tmp).write_bytes(data)
-    if not quiet:
+    if as_json:  # the page is written for every readable dump; each dump's result is its verdict
+        from kvconv.cli.common import Outcome, envelope, print_json
+
+        outs = [Outcome(v["path"], v["exit_code"], {"verdict": v["verdict"], "incidents": len(v["incidents"])})
+                for v in verdicts]
+        print_json(envelope("report", outs, output={"path": output, "bytes": len(data), "plots": page.plots}))
+    elif not quiet:
         where = "stdout" if output == "-" else output
         (sys.stderr if output == "-" else sys.stdout).write(
             f"wrote {where}: {counted(len(profiles), 'dump')}, {counted(page.plots, 'plot')}, "
