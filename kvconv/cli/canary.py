@@ -71,22 +71,25 @@ def canary_cmd(
         code = verdict.EXIT_CODES[v]
         if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
             finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)
-        _report(res, out, all_steps=all_steps, state=v, quiet=quiet)
+        lines = None if all_steps else [verdict.line(i) for i in verdict.incidents(d, res.findings, canary_res=res)]
+        _report(res, out, all_steps=all_steps, state=v, quiet=quiet, lines=lines)
     out.flush()
     if code:
         raise typer.Exit(code)
     return 0
 
 
-def _report(res, out, *, all_steps: bool, state: str, quiet: bool = False) -> None:
-    """The text: the summary and the flagged steps (not with -q), every finding, the verdict line."""
+def _report(res, out, *, all_steps: bool, state: str, quiet: bool = False, lines: list[str] | None = None) -> None:
+    """The text: the summary and the flagged steps (not with -q), one line per incident (``lines``, as validate's;
+    every finding with --all), the verdict line."""
     s = res.summary()
     from kvconv.names import demangle_text
     from kvconv.wording import counted
 
+    found = lines if lines is not None else [f.line() for f in res.findings]
     if quiet:
-        for f in res.findings:
-            out.write(demangle_text(f.line()) + "\n")
+        for ln in found:
+            out.write(demangle_text(ln) + "\n")
         out.write(_LAST_LINE[state] + "\n")
         return
     out.write(f"{res.path}: {counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} checked: "
@@ -97,8 +100,8 @@ def _report(res, out, *, all_steps: bool, state: str, quiet: bool = False) -> No
                   f"expected {len(st['expected'])} changed {len(st['changed'])} excluded "
                   f"{len(st['excluded'])}: unexpected {_pages(st['unexpected'])} missing "
                   f"{_pages(st['missing'])}\n")
-    for f in res.findings:
-        out.write(demangle_text(f.line()) + "\n")
+    for ln in found:
+        out.write(demangle_text(ln) + "\n")
     out.write(_LAST_LINE[state] + "\n")
 
 
