@@ -16,13 +16,12 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto_rules import T_BEGIN, T_COUNTER, T_END, T_INSTANT, problems, walk
 
-from conftest import NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor_bin
+from conftest import ROOT, run_cli, trace_processor
 
 CASES = {"qwen3-14b": ["fixtures/qwen3-14b/qwen3-14b.kvdump"],
          "h200-tp2 merged": ["fixtures/h200-tp2/rank0.kvdump", "fixtures/h200-tp2/rank1.kvdump"]}
 CASES.update({f"{p.parent.name}/{p.name}": [str(p.relative_to(ROOT))]
               for p in sorted(ROOT.glob("fixtures/h200-*/*.kvdump"))})
-TRACE_PROCESSOR = trace_processor_bin()
 
 
 @pytest.fixture(scope="module")
@@ -197,19 +196,10 @@ def test_order_rule(real):
 
 # --- trace processor itself, where a binary is at hand --------------------------------------------------------------
 
-def _trace_processor(path: Path):
-    if not TRACE_PROCESSOR:
-        pytest.skip(NO_TRACE_PROCESSOR)
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-
-    return TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=TRACE_PROCESSOR))
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_trace_processor_imports_cleanly(traces, walked, case):
     path = traces(case)
-    tp = _trace_processor(path)
-    try:
+    with trace_processor(path) as tp:
         bad = tp.query("select name, idx, severity, value from stats "
                        "where severity in ('error', 'data_loss') and value > 0").as_pandas_dataframe()
         assert bad.empty, bad.to_string()
@@ -224,5 +214,3 @@ def test_trace_processor_imports_cleanly(traces, walked, case):
         assert int(got.t) == len({e.track for e in slices})
         if slices:  # h200-typo-pattern: no slice at all (min(ts) is null)
             assert int(got.ts) == min(e.ts for e in slices)
-    finally:
-        tp.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor_bin
+from conftest import NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor, trace_processor_bin
 
 DOC = ROOT / "docs" / "QUERIES.md"
 DUMP = ROOT / "fixtures/qwen3-14b/qwen3-14b.kvdump"
@@ -63,19 +63,13 @@ def test_duckdb_on_the_arrow_tables(tables):
 
 
 def test_perfetto_sql_in_trace_processor(tmp_path):
-    binary = trace_processor_bin()
-    if not binary:
+    if not trace_processor_bin():
         pytest.skip(NO_TRACE_PROCESSOR)
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-
     trace = tmp_path / "qwen3-14b.pftrace"
     assert run_cli("perfetto", DUMP, "-o", trace, "-q").returncode == 0
-    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=binary))
-    try:
+    with trace_processor(trace) as tp:
         for name, q in doc_queries().items():
             if "perfetto" in q and "rows" in q:
                 df = tp.query(q["perfetto"]).as_pandas_dataframe()
                 got = [[fmt(v.item() if hasattr(v, "item") else v) for v in row] for row in df.itertuples(index=False)]
                 assert got == q["rows"], name
-    finally:
-        tp.close()

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor_bin
+from conftest import FIXTURES, NO_TRACE_PROCESSOR, ROOT, run_cli, trace_processor, trace_processor_bin
 from kvconv.format import dump
 
 BLOCK_ENTER = 1
@@ -116,8 +116,6 @@ select
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 @pytest.mark.parametrize("rel", [d if d in FAST else pytest.param(d, marks=pytest.mark.slow) for d in DUMPS])
 def test_fixture_trace_in_trace_processor(binary, folder, rel, fmt):
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-
     src = _source(rel, folder)
     out = folder / (rel.replace("/", "_") + FORMATS[fmt])
     out.unlink(missing_ok=True)
@@ -126,14 +124,13 @@ def test_fixture_trace_in_trace_processor(binary, folder, rel, fmt):
     printed = re.search(r"([\d,]+) device events, ([\d,]+) host records, ([\d,]+) flows", r.stdout)
     assert printed, r.stdout
     want = _expected(src)
-    tp = TraceProcessor(trace=str(out), config=TraceProcessorConfig(bin_path=binary))
     try:
-        bad = tp.query("select name, idx, severity, source, value from stats "
-                       "where severity in ('error', 'data_loss') and value > 0").as_pandas_dataframe()
-        assert bad.empty, bad.to_string()
-        got = tp.query(_PERFETTO_SQL if fmt == "perfetto" else _CHROME_SQL).as_pandas_dataframe().iloc[0]
+        with trace_processor(out, binary) as tp:
+            bad = tp.query("select name, idx, severity, source, value from stats "
+                           "where severity in ('error', 'data_loss') and value > 0").as_pandas_dataframe()
+            assert bad.empty, bad.to_string()
+            got = tp.query(_PERFETTO_SQL if fmt == "perfetto" else _CHROME_SQL).as_pandas_dataframe().iloc[0]
     finally:
-        tp.close()
         out.unlink(missing_ok=True)
     flows = int(printed.group(3).replace(",", ""))
     assert int(got.blocks) == want["blocks"]
