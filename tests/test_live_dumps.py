@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,22 +90,56 @@ def test_checksum_mismatch_is_damage_exit_1_in_the_converters(tmp_path):
         assert run_cli(cmd, src).returncode == 1
 
 
-@pytest.mark.parametrize("tool", ["gzip", "zstd"])
-def test_a_compressed_dump_is_named_so(tool, tmp_path):
-    """Was: "bad magic b'\\x1f\\x8b...' (not a kvconv dump)"."""
-    if shutil.which(tool) is None:
-        pytest.skip(f"no {tool}")
-    d = tmp_path / "d.kvdump"
-    shutil.copy(BAD / "valid-small.kvdump", d)
-    subprocess.run([tool, "-q", str(d)], check=True)
-    packed = next(tmp_path.glob("d.kvdump.*"))
-    undo = {"gzip": "gunzip", "zstd": "unzstd"}[tool]
-    for cmd in (["info"], ["validate"], ["perfetto", "-o", tmp_path / "t.pftrace"], ["reconcile"]):
-        r = run_cli(*cmd, packed)
-        assert r.returncode == 2, (cmd, r)
-        text = r.stderr + r.stdout
-        assert f"header.magic: {tool}-compressed: {undo} it first ({undo} -k {packed})" in text, (cmd, text)
-        assert "not a kvconv dump" not in text and "Traceback" not in text
+def _pack(tool: str, data: bytes) -> bytes:
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    return {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress,
+            "zstd": zstandard.ZstdCompressor().compress}[tool](data)
+
+
+@pytest.mark.parametrize("tool", ["gzip", "zstd", "xz", "bzip2"])
+def test_a_compressed_dump_is_read_as_the_dump(tool, tmp_path):
+    """Was: "bad magic b'\\x1f\\x8b...' (not a kvconv dump)", then "gzip-compressed: gunzip it first" (exit 2)."""
+    plain = ROOT / "fixtures/h200-single/single.kvdump"
+    packed = tmp_path / f"single.kvdump.{tool}"
+    packed.write_bytes(_pack(tool, plain.read_bytes()))
+    before = packed.read_bytes()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"TMPDIR": str(tmp)}
+    want = json.loads(run_cli("validate", plain, "--json").stdout)["dumps"][0]["result"]
+    got = run_cli("validate", packed, "--json", env=env, subprocess_=True)  # a child: TMPDIR is its own
+    assert got.returncode == 0, got.stderr
+    res = json.loads(got.stdout)["dumps"][0]["result"]
+    assert {k: v for k, v in res.items() if k != "path"} == {k: v for k, v in want.items() if k != "path"}
+    for name, src in (("a.json", plain), ("b.json", packed)):
+        assert run_cli("chrome", src, "-o", tmp_path / name, "-q", env=env, subprocess_=True).returncode == 0
+    ev = [len(json.loads((tmp_path / n).read_text())["traceEvents"]) for n in ("a.json", "b.json")]
+    assert ev[0] == ev[1] > 0
+    assert packed.read_bytes() == before and os.listdir(tmp) == []  # input untouched, the unpacked copy gone
+
+
+def test_a_compressed_dump_cut_or_damaged(tmp_path):
+    plain = (ROOT / "fixtures/h200-single/single.kvdump").read_bytes()
+    packed = _pack("gzip", plain)
+    cut = tmp_path / "cut.kvdump.gz"
+    cut.write_bytes(packed[: len(packed) // 2])  # what was decompressed is a dump cut short: --salvage reads it
+    r = run_cli("validate", cut)
+    assert r.returncode == 2 and "the file was cut short; try --salvage" in r.stderr, r.stderr
+    assert run_cli("validate", cut, "--salvage").returncode in (0, 1)
+    junk = tmp_path / "junk.kvdump.gz"
+    junk.write_bytes(b"\x1f\x8b" + bytes(range(40)))
+    r = run_cli("validate", junk)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "header.magic: gzip-compressed, but cannot be decompressed" in r.stderr, r.stderr
+    stub = tmp_path / "stub.kvdump.bz2"
+    stub.write_bytes(_pack("bzip2", plain)[:100])  # inside bzip2's first block: nothing can be decompressed
+    r = run_cli("validate", stub)
+    assert r.returncode == 2 and "bzip2-compressed and cut short before anything could be decompressed" in r.stderr
 
 
 def _live_cut(tmp_path: Path, published: int, *, eager0_grid: int | None = None) -> Path:

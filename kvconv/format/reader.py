@@ -272,6 +272,67 @@ def _spool(src, path: str):
     return tmp
 
 
+def _decompressor(head: bytes):
+    """(name, a function file -> decompressing reader, the errors it raises on a damaged stream) for a compressed
+    dump's first bytes; None for any other file, or for zstd without the ``zstandard`` package (the reader then says
+    how to decompress it)."""
+    import bz2
+    import gzip
+    import lzma
+
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip", lambda f: gzip.GzipFile(fileobj=f, mode="rb"), (OSError, ValueError, EOFError)
+    if head.startswith(b"BZh"):
+        return "bzip2", lambda f: bz2.BZ2File(f, mode="rb"), (OSError, ValueError, EOFError)
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return "xz", lambda f: lzma.LZMAFile(f, mode="rb"), (lzma.LZMAError, OSError, EOFError)
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        return ("zstd", lambda f: zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True),
+                (zstandard.ZstdError, OSError, EOFError))
+    return None
+
+
+def _decompress(f, path: str):
+    """A compressed dump (fixtures ship as .kvdump.gz) decompressed into an unlinked temporary file, a chunk at a
+    time (memory: one chunk; disk: the dump's size in TMPDIR, freed when it is closed); byte offsets in messages are
+    then the decompressed dump's. A stream cut short keeps what it held: the reader then says where the dump ends."""
+    got = _decompressor(os.pread(f.fileno(), 8, 0))
+    if got is None:
+        return f
+    name, reader, errors = got
+    f.seek(0)
+    tmp = tempfile.TemporaryFile(prefix="kvconv-unpacked-")
+    src = reader(f)
+    read = getattr(src, "read1", src.read)  # read1: what is decompressed so far (read() drops it at a cut)
+    try:
+        while True:
+            try:
+                chunk = read(_SPOOL_CHUNK)
+            except EOFError:  # the compressed stream was cut short
+                if not tmp.tell():
+                    tmp.close()
+                    f.close()
+                    raise FormatError(f"{name}-compressed and cut short before anything could be decompressed",
+                                      path=path, offset=0, field="header.magic", code="unreadable",
+                                      hint="copy or download it again") from None
+                break
+            if not chunk:
+                break
+            tmp.write(chunk)
+    except errors as e:
+        tmp.close()
+        f.close()
+        raise FormatError(f"{name}-compressed, but cannot be decompressed ({e})", path=path, offset=0,
+                          field="header.magic", code="unreadable", hint=f"test it with {name} -t") from None
+    tmp.flush()
+    f.close()
+    return tmp
+
+
 def _open_file(path: str):
     """The file, its size, its read-only map (None when empty) and whether it was piped (not a regular file: read
     through a temporary copy); an unopenable path is a one-line FormatError."""
@@ -295,6 +356,7 @@ def _open_file(path: str):
             f = os.fdopen(os.dup(spooled.fileno()), "rb")
         else:
             f = spooled
+    f = _decompress(f, path)
     size = os.fstat(f.fileno()).st_size
     mm = None
     if size:
