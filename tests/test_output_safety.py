@@ -172,7 +172,8 @@ def big(tmp_path_factory):
 
     p = tmp_path_factory.mktemp("big") / "big.kvdump"
     gendump.write(p, gendump.GenOptions(size_bytes=24 << 20))
-    return p
+    yield p
+    shutil.rmtree(p.parent, ignore_errors=True)  # not left in pytest's base temp folder to the session's end
 
 
 def _start(argv, cwd):
@@ -224,7 +225,8 @@ def medium(tmp_path_factory):
 
     p = tmp_path_factory.mktemp("medium") / "medium.kvdump"
     gendump.write(p, gendump.GenOptions(size_bytes=6 << 20))
-    return p
+    yield p
+    shutil.rmtree(p.parent, ignore_errors=True)
 
 
 def test_two_writers_at_once(medium, tmp_path):
