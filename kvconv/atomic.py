@@ -105,6 +105,9 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
     if not parent.is_dir():
         raise OutputError("output folder does not exist", path=raw, hint=f"create {parent} first",
                           code="output-dir-missing")
+    if not os.access(parent, os.W_OK | os.X_OK):  # said before any work (a report's plots took seconds first)
+        raise OutputError("cannot write into the output folder: Permission denied", path=raw,
+                          hint="choose an -o path in a folder you can write", code="output")
     if not directory and target.is_dir():
         raise OutputError("output is a folder", path=raw,
                           hint=f"name a file inside it, e.g. -o {target / _EXAMPLE.get(kind, 'out')}",

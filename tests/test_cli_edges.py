@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -171,3 +173,50 @@ def test_canary_quiet_prints_findings_and_verdict_only(tmp_path):
     assert full.returncode == quiet.returncode == 1
     assert quiet.stdout.splitlines() == full.stdout.splitlines()[1:]
     assert all(ln.startswith("error ") for ln in quiet.stdout.splitlines()[:-1])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop to nobody")
+@pytest.mark.parametrize("cmd,out", [("perfetto", "t.pftrace"), ("chrome", "t.json"), ("arrow", "tables"),
+                                     ("report", "r.html")])
+def test_a_read_only_folder_is_refused_in_one_line(cmd, out):
+    # A folder the user cannot write (root writes anywhere: the run drops to nobody): exit 1, one line, nothing in it.
+    d = tempfile.mkdtemp(prefix="kvconv-readonly-", dir="/tmp")
+    try:
+        src = os.path.join(d, "d.kvdump")
+        shutil.copy(SMALL, src)
+        os.chmod(src, 0o644)
+        ro = os.path.join(d, "ro")
+        os.mkdir(ro)
+        os.chmod(d, 0o755)
+        os.chmod(ro, 0o555)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), KVCONV_PROGRESS_INTERVAL="3600", HOME=d)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                            "kvconv", cmd, src, "-o", os.path.join(ro, out)], cwd=d, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 1, (p.returncode, p.stderr)
+        assert p.stderr.startswith("Error: ") and p.stderr.count("\n") == 1, p.stderr
+        assert "Permission denied" in p.stderr and "internal error" not in p.stderr, p.stderr
+        assert os.listdir(ro) == []
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop to nobody")
+def test_report_with_an_unwritable_home_says_nothing_of_matplotlib():
+    # Before: matplotlib's multi-line 'mkdir -p failed for path .../.config/matplotlib' warning on stderr.
+    d = tempfile.mkdtemp(prefix="kvconv-home-", dir="/tmp")
+    try:
+        out = os.path.join(d, "out")
+        os.mkdir(out)
+        os.chmod(d, 0o755)  # HOME=d: not writable by nobody
+        os.chmod(out, 0o777)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), KVCONV_PROGRESS_INTERVAL="3600", HOME=d)
+        env.pop("MPLCONFIGDIR", None)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                            "kvconv", "report", str(FIXTURES / "h200-single" / "single.kvdump"), "-o",
+                            os.path.join(out, "r.html"), "-q"], cwd=out, env=env, capture_output=True, text=True,
+                           timeout=180)
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        assert os.path.getsize(os.path.join(out, "r.html")) > 10_000
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

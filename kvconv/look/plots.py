@@ -14,10 +14,15 @@ Output is deterministic: fixed hash salt, no date.
 from __future__ import annotations
 
 import io
+import logging
 
 import numpy as np
 
 from kvconv.look import bins
+
+# matplotlib warns on stderr, in several lines, when $HOME/.config is not writable (then it uses a temporary cache):
+# nothing the user of a report can act on, and it broke the one-line stderr rule. Its errors still show.
+logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
 _RC = {"svg.hashsalt": "kvconv", "svg.fonttype": "none", "font.size": 9, "axes.titlesize": 10,
        "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": 100}
