@@ -5,6 +5,7 @@ then running it through the real ``kvconv`` entry point."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -40,29 +41,39 @@ def write_csv(paths, out, *, options, warn=None):
 '''
 
 RUN = '''
-import sys
+import contextlib, io, json, sys
 from kvconv.emit.registry import Format, register
 register(Format(name="csv", writer="toyfmt:write_csv", output="output .csv", summary="One line per device event.",
                 example="kvconv csv run.kvdump -o run.csv"))
 from kvconv.cli import main
-sys.exit(main(sys.argv[1:]))
+res = []
+for argv in json.loads(sys.argv[1]):  # each a run of the kvconv command of this process
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    res.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(res))
 '''
 
 
-def _kvconv_with_toy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _kvconv_with_toy(tmp_path: Path, *argvs: list[str]) -> list[subprocess.CompletedProcess]:
+    """Each argv through the ``kvconv`` entry point of one fresh process that registered the toy format first."""
     (tmp_path / "toyfmt.py").write_text(TOY)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    return subprocess.run([sys.executable, "-c", RUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", RUN, json.dumps(argvs)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    return [subprocess.CompletedProcess(a, *r) for a, r in zip(argvs, json.loads(p.stdout))]
 
 
 def test_a_registered_format_gets_its_command_and_common_options(tmp_path):
-    h = _kvconv_with_toy(tmp_path, "csv", "--help")
+    out = tmp_path / "run.csv"
+    h, r, again = _kvconv_with_toy(tmp_path, ["csv", "--help"], ["csv", str(QWEN), "-o", str(out)],
+                                   ["csv", str(QWEN), "-o", str(out)])
     assert h.returncode == 0, h.stderr
     for opt in ("--output", "--window", "--replays", "--flows", "--join", "--salvage", "--force", "--quiet"):
         assert opt in h.stdout, opt
     assert "Example: kvconv csv run.kvdump -o run.csv" in " ".join(h.stdout.split())
-    out = tmp_path / "run.csv"
-    r = _kvconv_with_toy(tmp_path, "csv", str(QWEN), "-o", str(out))
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(out.open()))
     with dump.open(QWEN) as d:
@@ -70,7 +81,6 @@ def test_a_registered_format_gets_its_command_and_common_options(tmp_path):
     assert len(rows) == len(ev) and f"{len(ev):,} device events" in r.stdout
     assert [int(x["globaltimer"]) for x in rows[:5]] == ev["globaltimer"][:5].tolist()
     # the common behaviour comes with it: an existing output is kept without --force
-    again = _kvconv_with_toy(tmp_path, "csv", str(QWEN), "-o", str(out))
     assert again.returncode != 0 and again.stderr.startswith("Error:")
 
 
