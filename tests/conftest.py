@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -266,6 +267,7 @@ def _run_in_process(argv: list[str], cwd, env: dict) -> Result:
     os.environ.update(env)
     get_command = typer.main.get_command
     typer.main.get_command = _click_group(get_command)
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, None  # TMPDIR read again from the command's environment
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -289,6 +291,7 @@ def _run_in_process(argv: list[str], cwd, env: dict) -> Result:
                 pass
     finally:
         typer.main.get_command = get_command
+        tempfile.tempdir = saved_tempdir
         sys.stdout, sys.stderr = saved_out, saved_err
         os.chdir(saved_cwd)
         os.environ.clear()

@@ -112,12 +112,12 @@ def test_a_compressed_dump_is_read_as_the_dump(tool, tmp_path):
     tmp.mkdir()
     env = {"TMPDIR": str(tmp)}
     want = json.loads(run_cli("validate", plain, "--json").stdout)["dumps"][0]["result"]
-    got = run_cli("validate", packed, "--json", env=env, subprocess_=True)  # a child: TMPDIR is its own
+    got = run_cli("validate", packed, "--json", env=env)  # TMPDIR of its own (run_cli reads it again)
     assert got.returncode == 0, got.stderr
     res = json.loads(got.stdout)["dumps"][0]["result"]
     assert {k: v for k, v in res.items() if k != "path"} == {k: v for k, v in want.items() if k != "path"}
     for name, src in (("a.json", plain), ("b.json", packed)):
-        assert run_cli("chrome", src, "-o", tmp_path / name, "-q", env=env, subprocess_=True).returncode == 0
+        assert run_cli("chrome", src, "-o", tmp_path / name, "-q", env=env).returncode == 0
     ev = [len(json.loads((tmp_path / n).read_text())["traceEvents"]) for n in ("a.json", "b.json")]
     assert ev[0] == ev[1] > 0
     assert packed.read_bytes() == before and os.listdir(tmp) == []  # input untouched, the unpacked copy gone
