@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, run_cli
 
 SMALL = FIXTURES / "bad" / "valid-small.kvdump"
 
@@ -37,6 +37,11 @@ def _piped(argv, data: bytes, cwd, tmp) -> subprocess.CompletedProcess:
     out, err = p.communicate(timeout=120)
     cat.wait()
     return subprocess.CompletedProcess(argv, p.returncode, out.decode(), err.decode())
+
+
+def _here(argv, cwd, tmp):
+    """The same run in this process (conftest.run_cli): for what is not about the process boundary."""
+    return run_cli(*argv, cwd=cwd, env={"TMPDIR": str(tmp)})
 
 
 def _run(argv, cwd, tmp) -> subprocess.CompletedProcess:
@@ -146,7 +151,7 @@ def test_json_envelope_of_the_writers(cmd, out, tmp_path):
 
     schema = layout.load_json_schema("cli.schema.json")
     stale = FIXTURES / "writes-stale-pad" / "writes-stale-pad.kvdump"
-    r = _run([cmd, stale, "-o", out, "--json"], tmp_path, tmp_path)
+    r = _here([cmd, stale, "-o", out, "--json"], tmp_path, tmp_path)
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, schema)
     assert doc["command"] == cmd and doc["dumps"][0]["result"] == {"verdict": "failed", "incidents": 2}
@@ -156,20 +161,20 @@ def test_json_envelope_of_the_writers(cmd, out, tmp_path):
     assert doc["output"]["bytes"] == size > 0
     assert r.returncode == (1 if cmd == "report" else 0), r.stderr  # report's status is the verdict's
     bad = FIXTURES / "bad" / "bad-magic.kvdump"
-    r = _run([cmd, bad, "-o", "x-" + out, "--json"], tmp_path, tmp_path)
+    r = _here([cmd, bad, "-o", "x-" + out, "--json"], tmp_path, tmp_path)
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, schema)
     assert r.returncode == 2 and doc["exit"] == 2 and doc["dumps"][0]["error"]["code"] == "bad-magic"
     assert not (tmp_path / ("x-" + out)).exists()
     if cmd != "arrow":
-        r = _run([cmd, SMALL, "-o", "-", "--json"], tmp_path, tmp_path)
+        r = _here([cmd, SMALL, "-o", "-", "--json"], tmp_path, tmp_path)
         assert r.returncode == 2 and "--json prints its document on stdout" in r.stderr, r.stderr
 
 
 def test_canary_quiet_prints_findings_and_verdict_only(tmp_path):
     stale = FIXTURES / "writes-stale-pad" / "writes-stale-pad.kvdump"
-    full = _run(["canary", stale, "--writes"], tmp_path, tmp_path)
-    quiet = _run(["canary", stale, "--writes", "-q"], tmp_path, tmp_path)
+    full = _here(["canary", stale, "--writes"], tmp_path, tmp_path)
+    quiet = _here(["canary", stale, "--writes", "-q"], tmp_path, tmp_path)
     assert full.returncode == quiet.returncode == 1
     assert quiet.stdout.splitlines() == full.stdout.splitlines()[1:]
     assert all(ln.startswith("error ") for ln in quiet.stdout.splitlines()[:-1])
