@@ -63,7 +63,9 @@ def walked(traces):
 def test_every_trace_keeps_the_rules(traces, walked, case):
     w = walked(case)
     if case != "h200-typo-pattern/typo-pattern.kvdump":  # a capture whose pattern matched no kernel: metadata only
-        assert len(w.events) > 100 and w.tracks  # a trace with events in it, not an empty pass
+        # a trace with events in it, not an empty pass (a probe's dump holds canary steps only: a few dozen)
+        assert len(w.events) > (10 if case.startswith("h200-paged-plants/") and ".trace." not in case else 100)
+        assert w.tracks
     assert problems(None, walked=w) == {}
 
 

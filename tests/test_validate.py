@@ -161,9 +161,11 @@ def test_timer_jump_back_beyond_the_race_warns(tmp_path):
 
 
 
-# h200-typo-pattern is a capture that traced nothing on purpose (nothing-checked: tests/test_verdict.py)
+# h200-typo-pattern is a capture that traced nothing on purpose (nothing-checked: tests/test_verdict.py), and
+# h200-paged-plants holds planted bugs on purpose (their verdicts: tests/test_paged_plants_h200.py)
 @pytest.mark.parametrize("dump_path", sorted(p for p in FIXTURES.glob("h200-*/*.kvdump")
-                                             if p.parent.name != "h200-typo-pattern"), ids=lambda p: p.parent.name)
+                                             if p.parent.name not in ("h200-typo-pattern", "h200-paged-plants")),
+                         ids=lambda p: p.parent.name)
 def test_clean_h200_captures_validate_without_warnings(dump_path):
     r = run_cli("validate", "--json", dump_path)
     assert r.returncode == 0, r.stderr
