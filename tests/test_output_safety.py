@@ -183,7 +183,7 @@ def _start(argv, cwd):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
 @pytest.mark.parametrize("cmd", ["perfetto", "chrome", "arrow"])
 def test_a_signal_mid_write_leaves_no_temporary(cmd, sig, big, tmp_path):
     # Before: SIGTERM / SIGHUP killed the process (exit -15 / -1) and left .out.*.tmp-* (hundreds of MB at 1 GiB).
