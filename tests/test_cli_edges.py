@@ -53,7 +53,7 @@ def test_dash_reads_a_pipe_as_the_file(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     data = SMALL.read_bytes()
-    ref = json.loads(_run(["validate", SMALL, "--json"], tmp_path, tmp).stdout)
+    ref = json.loads(_here(["validate", SMALL, "--json"], tmp_path, tmp).stdout)
     for name in ("-", "/dev/stdin"):
         r = _piped(["validate", name, "--json"], data, tmp_path, tmp)
         assert r.returncode == 0, r.stderr
@@ -68,7 +68,7 @@ def test_dash_reads_a_pipe_as_the_file(tmp_path):
     assert r.returncode == 0 and "no change" in r.stdout, (r.stdout, r.stderr)
     r = _piped(["chrome", "-", "-o", "t.json"], data, tmp_path, tmp)
     assert r.returncode == 0, r.stderr
-    direct = _run(["chrome", SMALL, "-o", "u.json"], tmp_path, tmp)
+    direct = _here(["chrome", SMALL, "-o", "u.json"], tmp_path, tmp)
     assert direct.returncode == 0
     events = [len(json.loads((tmp_path / n).read_text())["traceEvents"]) for n in ("t.json", "u.json")]
     assert events[0] == events[1] > 0
