@@ -80,3 +80,15 @@ def test_arrow_schema_metadata_leaves_the_kernel_list_to_the_metadata_table(tmp_
     md = next((out / "metadata").rglob("*.arrow"))
     assert b"loaded_kernels" in ipc.open_file(md).read_all()["json"][0].as_py().encode()
     assert sum(f.stat().st_size for f in files) < 2_000_000
+
+
+def test_canary_says_what_validate_says():
+    # Before: `kvconv canary paged-stale-k.kvdump` said ok, exit 0 (its location canary was clean) while validate
+    # said FAILED on the wrong values; on live-twice it said ok with no word of the live slot handed out twice.
+    r = run_cli("canary", F / "paged-stale-k.kvdump")
+    assert r.returncode == 1 and "canary-wrong-value: context 0 step 5" in r.stdout, (r.stdout, r.stderr)
+    r = run_cli("canary", F / "paged-live-twice.kvdump")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "ok"  # its own part: pages and values are clean
+    assert r.stderr.count("\n") == 1 and "verdict FAILED" in r.stderr and "this part is clean" in r.stderr, r.stderr
+    r = run_cli("canary", F / "paged-clean.kvdump")
+    assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -47,12 +47,14 @@ def canary_cmd(
     quiet: bool = QUIET,
 ) -> int:
     """Check the location canary: per step and buffer, pages changed outside the expected set (aliasing or external
-    writes) and expected pages that did not change (missing writes), with page and slot ranges. Exit 0 clean, 1
+    writes) and expected pages that did not change (missing writes), with page and slot ranges; and, where the probe
+    recorded value digests, the value canary (slots written with data other than the engine's rows). Exit 0 clean, 1
     findings, 2 unreadable, 4 nothing to check (no canary records; docs/CANARY.md says how to record them).
 
     Example: kvconv canary run.kvdump --json
     """
     from kvconv.check import canary, verdict
+    from kvconv.check.canary import value
     from kvconv.cli.common import Outcome, finish, open_or_finish
     from kvconv.format import dump
     from kvconv.progress import Progress, ProgressOptions
@@ -67,13 +69,23 @@ def canary_cmd(
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
                       options=ProgressOptions.from_cli(progress=progress, quiet=quiet)) as bar:
             res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing), progress=bar.update)
-        v = part_verdict(d, res, checked=bool(res.counts["steps_checked"]))
+        # the probe's value digests are the canary's too (kvconv validate judges both): a location canary that is
+        # clean beside a wrong value is not an ok (paged-stale-k said ok, exit 0, validate FAILED)
+        values = value.check(d, path=str(dump_path)) if d.groups_of("value_digest") else None
+        if values is not None:
+            res.findings.extend(values.findings)
+        checked = bool(res.counts["steps_checked"]) or bool(values and values.summary["steps"])
+        v = part_verdict(d, res, checked=checked)
         code = verdict.EXIT_CODES[v]
         if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
             finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)
         lines = None if all_steps else [verdict.line(i) for i in verdict.incidents(d, res.findings, canary_res=res)]
         _report(res, out, all_steps=all_steps, state=v, quiet=quiet, lines=lines)
     out.flush()
+    if v == "ok":  # this part is clean: say so when the dump's one verdict is not (a live slot handed out twice)
+        from kvconv.cli.emit import verdict_warnings
+
+        verdict_warnings([dump_path], salvage=salvage, done="this part is clean")
     if code:
         raise typer.Exit(code)
     return 0

@@ -77,13 +77,13 @@ def _output(res) -> dict:
             "tables": res.tables, "alignment": res.alignment, "warnings": list(res.warnings)}
 
 
-def _verdicts(dumps, *, salvage: bool) -> list[dict]:
-    """Once the output is written: each converted dump's one verdict (kvconv validate's), one ``Warning:`` line on
-    stderr for a dump whose verdict is not ok. The exit status stays 0: the output was written (docs/CLI.md); the
-    verdict's status is kvconv validate's. Costs one validate pass per dump after the conversion (the converters
-    do not run the checks), measured in-process: 0.07 s for the 7 MB qwen3-14b fixture (conversion ~0.25 s), 0.4-0.5
-    s for a 96 MiB generated dump (1.2-2.3 s), 2.5 s for a 384 MiB one (perfetto 2.9 s): on large dumps about as
-    long as the conversion."""
+def verdict_warnings(dumps, *, salvage: bool, done: str = "the output was written") -> list[dict]:
+    """Each dump's one verdict (kvconv validate's), one ``Warning:`` line on stderr for a dump whose verdict is not
+    ok, saying ``done`` (the converters: the output was written; kvconv canary: its own part is clean). The exit
+    status stays the command's (docs/CLI.md); the verdict's status is kvconv validate's. Costs one validate pass
+    per dump after the conversion (the converters do not run the checks), measured in-process: 0.07 s for the 7 MB
+    qwen3-14b fixture (conversion ~0.25 s), 0.4-0.5 s for a 96 MiB generated dump (1.2-2.3 s), 2.5 s for a 384 MiB
+    one (perfetto 2.9 s): on large dumps about as long as the conversion."""
     import os
 
     from kvconv.check.validate import ValidateOptions, validate
@@ -107,7 +107,7 @@ def _verdicts(dumps, *, salvage: bool) -> list[dict]:
         out.append({"path": str(p), "verdict": rep.verdict, "incidents": len(rep.incidents)})
         if rep.verdict != "ok":
             err(f"Warning: {p}: verdict {_STATE[rep.verdict]} ({counted(len(rep.incidents), 'incident')}): "
-                f"run `kvconv validate {p}` (the output was written)")
+                f"run `kvconv validate {p}` ({done})")
     return out
 
 
@@ -163,7 +163,7 @@ def command(fmt: Format):
                 raise
             finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
         _report(res, quiet, as_json=as_json)
-        verdicts = _verdicts(dumps, salvage=salvage)
+        verdicts = verdict_warnings(dumps, salvage=salvage)
         if as_json:
             from kvconv.cli.common import envelope
 
