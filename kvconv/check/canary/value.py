@@ -92,18 +92,18 @@ def check(d, *, path: str | None = None) -> ValueResult:
             caches.update((ctx, c) for c in np.unique(recs["cache_id"]).tolist())
             wrong, unwritten = _bad(recs)
             for code, mask in (("canary-wrong-value", wrong), ("canary-value-not-written", unwritten)):
-                for i in np.flatnonzero(mask).tolist():
-                    counts[code] += 1
-                    if counts[code] > MAX_NAMED:
-                        more[code] += 1
-                        continue
+                bad = np.flatnonzero(mask)
+                named = bad[: max(0, MAX_NAMED - counts[code])]  # the rest only counted (no loop over them)
+                counts[code] += len(bad)
+                more[code] += len(bad) - len(named)
+                for i in named.tolist():
                     r = recs[i]
                     cid = int(r["cache_id"])
                     msg = _what(code, r, names.get(cid, f"cache {cid}"), spp.get(cid, 0))
                     res.findings.append(Finding(
                         "error", code, (f"context {ctx} " if multi else "") + msg, path=res.path, group=g.index,
                         record=i, offset=g.record_offset(i) + _FIELD["actual"], field="value_digest.actual"))
-    for code, n in more.items():
+    for code, n in ((c, n) for c, n in more.items() if n):
         res.findings.append(Finding("error", code, f"{n} more like the above, not listed", path=res.path, count=n))
     res.summary = {"records": records, "steps": len(steps), "caches": len(caches),
                    "wrong_values": counts[WRONG], "not_written": counts[NOT_WRITTEN]}
