@@ -33,5 +33,9 @@ def run_writes(dump_path: Path, opts, *, as_json: bool, all_findings: bool = Fal
     if quiet:  # -q: the findings and the verdict, not the summary line
         lines = lines[1:]
     text = "\n".join(demangle_text(x) for x in lines)
+    if v == "ok":  # this part is clean: say so when the dump's one verdict is not (a wrong value, say)
+        from kvconv.cli.emit import verdict_warnings
+
+        verdict_warnings([dump_path], salvage=opts.salvage, done="this part is clean")
     finish("canary", [Outcome(str(dump_path), code, res.to_dict(), text=text)], as_json=as_json)
     raise typer.Exit(code)  # pragma: no cover - finish exits
