@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvconv.capture.probe.writer import CanaryRecorder
+from kvconv.capture.probe.writer import CanaryRecorder, RecorderOwner
 
 _INT_VIEWS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
@@ -129,7 +129,7 @@ class WatchedBuffer:
         return self._checksum(torch.empty_like(self._sums)) != self._sums
 
 
-class Canary:
+class Canary(RecorderOwner):
     """Watches buffers across replays and records one canary record per (step, buffer).
 
     ``out`` is a dump path (a :class:`CanaryRecorder` is made for it) or a recorder. ``timings`` holds, per step,
@@ -208,14 +208,3 @@ class Canary:
         yield self
         self.last = self.compare(step, slot_locations)
 
-    def close(self) -> None:
-        self.recorder.close()
-
-    def __enter__(self) -> Canary:
-        return self
-
-    def __exit__(self, et, ev, tb) -> None:
-        if et is None:
-            self.close()
-        else:
-            self.recorder.__exit__(et, ev, tb)

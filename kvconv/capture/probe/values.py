@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from kvconv.capture.probe.writer import CanaryRecorder, RecorderOwner
 from kvconv.format import layout
 
 FLAGS = layout.ENUMS["value_digest_flags"]
@@ -257,7 +258,7 @@ def _pools(caches: list[_Cache]) -> list[tuple[list[_Cache], object]]:
     return out
 
 
-class ValueProbe:
+class ValueProbe(RecorderOwner):
     """Watches caches and records, per step, the digests of every mapped slot (see the module docstring).
 
     ``out``: a dump path (a :class:`~kvconv.capture.probe.writer.CanaryRecorder` is made for it) or a recorder
@@ -268,8 +269,6 @@ class ValueProbe:
 
     def __init__(self, out, *, metadata: dict | None = None, context_id: int = 0, device_id: int = 0,
                  before: bool = True) -> None:
-        from kvconv.capture.probe.writer import CanaryRecorder
-
         if isinstance(out, (str, os.PathLike)):
             out = CanaryRecorder(out, context_id=context_id, device_id=device_id, metadata=metadata)
         self.recorder = out
@@ -467,14 +466,3 @@ class ValueProbe:
         r["flags"] = flags
         self.recorder.add_records("value_digest", r)
 
-    def close(self) -> None:
-        self.recorder.close()
-
-    def __enter__(self) -> ValueProbe:
-        return self
-
-    def __exit__(self, et, ev, tb) -> None:
-        if et is None:
-            self.close()
-        else:
-            self.recorder.__exit__(et, ev, tb)

@@ -46,6 +46,25 @@ def _pages(x) -> np.ndarray:
     return a.astype("<u4")
 
 
+class RecorderOwner:
+    """A probe that writes through its ``recorder`` (a :class:`CanaryRecorder`): closing the probe closes it, and
+    leaving a ``with`` block by an exception hands the exception on (the recorder marks the dump as cut short)."""
+
+    recorder: CanaryRecorder
+
+    def close(self) -> None:
+        self.recorder.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        if et is None:
+            self.close()
+        else:
+            self.recorder.__exit__(et, ev, tb)
+
+
 class CanaryRecorder:
     """Collects canary records for one context and writes them as one dump on :meth:`close`."""
 
