@@ -164,16 +164,22 @@ def test_demo_follows_the_output_rules(tmp_path):
 
 # ---- signals and leftovers -------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def big(tmp_path_factory):
-    """A dump big enough that its conversion is still writing a second after it starts (~24 MB)."""
+def _generated(tmp_path_factory, name: str, mib: int):
+    """A generated dump of ``mib`` MiB (bench/gendump.py), removed when the module's tests are done (not left in
+    pytest's base temp folder to the session's end)."""
     sys.path.insert(0, str(ROOT / "bench"))
     import gendump
 
-    p = tmp_path_factory.mktemp("big") / "big.kvdump"
-    gendump.write(p, gendump.GenOptions(size_bytes=24 << 20))
+    p = tmp_path_factory.mktemp(name) / f"{name}.kvdump"
+    gendump.write(p, gendump.GenOptions(size_bytes=mib << 20))
     yield p
-    shutil.rmtree(p.parent, ignore_errors=True)  # not left in pytest's base temp folder to the session's end
+    shutil.rmtree(p.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A dump big enough that its conversion is still writing a second after it starts (~24 MB)."""
+    yield from _generated(tmp_path_factory, "big", 24)
 
 
 def _start(argv, cwd):
@@ -220,13 +226,7 @@ def test_a_dead_processs_temporaries_are_removed_a_live_ones_kept(tmp_path):
 @pytest.fixture(scope="module")
 def medium(tmp_path_factory):
     """A dump whose conversion outlasts a second process's start (~6 MB): what two writers at once need."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import gendump
-
-    p = tmp_path_factory.mktemp("medium") / "medium.kvdump"
-    gendump.write(p, gendump.GenOptions(size_bytes=6 << 20))
-    yield p
-    shutil.rmtree(p.parent, ignore_errors=True)
+    yield from _generated(tmp_path_factory, "medium", 6)
 
 
 def test_two_writers_at_once(medium, tmp_path):
