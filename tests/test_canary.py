@@ -459,10 +459,12 @@ def test_batches_split_large_groups_and_long_lists(tmp_path):
 
 @pytest.mark.parametrize("mod", ["kvconv.check.canary", "kvconv.check.canary._batch", "kvconv.check.canary._sets",
                                  "kvconv.check.canary._text", "kvconv.check.canary._json"])
-def test_docstring_examples(mod):
+def test_docstring_examples(mod, tmp_path, monkeypatch):
     import doctest
     import importlib
+    import tempfile
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' mkdtemp() folders: pytest's, removed
     r = doctest.testmod(importlib.import_module(mod))
     assert r.failed == 0 and r.attempted > 0
 
