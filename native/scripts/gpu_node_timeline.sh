@@ -2,14 +2,15 @@
 # Issue 31: where a traced node's added time lies, one device call. Runs native/workloads/timeline (built here:
 #   nvcc -O2 -arch=sm_90 -o .devcarry/tl/node_timeline native/workloads/timeline/*.cu) under each config, ROUNDS times
 # in alternating order, and prints one JSON line per run. Needs native/build (tracer, fatbins, cost variants) carried.
-#   [LATE=1] [CONFIGS="..."] bash native/scripts/gpu_node_timeline.sh OUTDIR [ROUNDS=2] [N=40] [R=200] [BLOCKS=8]
-# LATE=1 loads the other module after the target's module was patched.
+#   [LATE=1] [EXECS=1] [CONFIGS="..."] bash native/scripts/gpu_node_timeline.sh OUTDIR [ROUNDS=2] [N=40] [R=200] [BLOCKS=8]
+# LATE=1 loads the other module after the target's module was patched. EXECS (main.cu's usage): 2 a second exec of
+# the graph replayed beside it, 3 a second exec destroyed before the timing, 4 a second graph of the same shape.
 set -u
 O=${1:?usage: gpu_node_timeline.sh OUTDIR [ROUNDS] [N] [R] [BLOCKS]}; ROUNDS=${2:-2}; N=${3:-40}; R=${4:-200}; B=${5:-8}
 BIN=${BIN:-.devcarry/tl/node_timeline}; LIB=$PWD/native/build/libkvconv_tracer.so; mkdir -p "$O"
 run() {  # name, env...
   local name=$1; shift
-  local line; line=$(env "$@" timeout -k 5 60 "$BIN" "$N" "$R" "$B" "${LATE:-0}" 2>"$O/$name.err" | tail -1)
+  local line; line=$(env "$@" timeout -k 5 60 "$BIN" "$N" "$R" "$B" "${LATE:-0}" "${EXECS:-1}" 2>"$O/$name.err" | tail -1)
   echo "{\"config\": \"$name\", \"result\": ${line:-null}}"
   grep -h "kvconv-tracer" "$O/$name.err" | tail -2 >&2
 }
@@ -24,6 +25,8 @@ conf() {
     noop) run noop $T KVCONV_PATCH_FILE=$PWD/native/build/cost/noop.fatbin ;;
     nolookup) run nolookup $T KVCONV_PATCH_FILE=$PWD/native/build/cost/nolookup.fatbin ;;
     enterexit) run enterexit $T KVCONV_EVENTS=enter,exit ;;
+    learn0) run learn0 $T KVCONV_GRAPH_LEARN=0 ;;
+    nograph) run nograph $T KVCONV_GRAPH_CALLBACKS=0 ;;
   esac
 }
 for ((r = 0; r < ROUNDS; r++)); do

@@ -98,8 +98,10 @@ static void sync_due(Ctx* c) {
     due = g_cfg.sync_ms > 0 && !c->syncs.empty() &&
           now_ns() - c->last_sync_ns >= static_cast<uint64_t>(g_cfg.sync_ms) * 1000000ull;
   }
-  if (first) do_clock_sync(c, KVCONV_CLOCK_SYNC_FLAGS_START);
-  else if (due) do_clock_sync(c, KVCONV_CLOCK_SYNC_FLAGS_PERIODIC);
+  if (first) {
+    do_clock_sync(c, KVCONV_CLOCK_SYNC_FLAGS_START);
+    if (!c->calibrated.load() && c->sres.ok) calibrate(c);  // once, with the sync's stream and module at hand
+  } else if (due) do_clock_sync(c, KVCONV_CLOCK_SYNC_FLAGS_PERIODIC);
 }
 
 static void sync_thread_main() {

@@ -113,6 +113,7 @@ void load_config() {
     else if (strcmp(cb, "minimal")) logf(0, "warning: KVCONV_CALLBACKS=%s is not minimal, domains or none; using minimal", cb);
   }
   g_cfg.verbose = static_cast<int>(env_u64("KVCONV_VERBOSE", 0));
+  g_cfg.calibrate = env_u64("KVCONV_CALIBRATE", 1) != 0;
   std::string dir = self_dir();
   const char* pf = getenv("KVCONV_PATCH_FILE");
   g_cfg.patch_file = pf && *pf ? pf : dir + "/kvconv_patch.fatbin";

@@ -104,6 +104,24 @@ static void write_counters(kvconv::JsonWriter& j, const Totals& t) {
   j.end_object();
 }
 
+// The start-up calibration of a context (calibrate.cpp): what kvconv subtracts from a duration, and how it was found.
+static void write_calibration(kvconv::JsonWriter& j, const Ctx* c) {
+  if (!c->calibrated.load()) return;  // still running at the end (or never started: no patched module)
+  const Calibration& r = c->calib;
+  auto ns = [](double x) { return static_cast<int64_t>(x < 0 ? x - 0.5 : x + 0.5); };
+  j.key("calibration").begin_object().kv("done", r.done);
+  if (!r.done) {
+    j.kv("why", r.why).end_object();
+    return;
+  }
+  j.kv("kernel", "kvconv_calib_append").kv("launches", r.launches).kv("blocks", r.blocks).kv("threads", r.threads);
+  j.kv("row_bytes", r.row_bytes).kv("events", r.events).kv("events_dropped", r.dropped);
+  j.kv("traced_span_ns", ns(r.traced_ns)).kv("own_span_unpatched_ns", ns(r.own_plain_ns));
+  j.kv("own_span_patched_ns", ns(r.own_patched_ns)).kv("block_span_ns", ns(r.per_block_ns));
+  j.kv("bias_ns", ns(r.bias_ns)).kv("bias_p10_ns", ns(r.bias_p10_ns)).kv("bias_p90_ns", ns(r.bias_p90_ns));
+  j.end_object();
+}
+
 static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason) {
   int drv = 0;
   if (g_drv.driverGetVersion) g_drv.driverGetVersion(&drv);
@@ -125,7 +143,9 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
     j.begin_object().kv("context_id", c->index).kv("device_id", c->device);
     j.kv("device_events", c->live.device_event.count()).kv("device_slots_reserved", c->dev_next);
     j.kv("graph_node_records", c->live.graph_node.count()).kv("eager_launch_records", c->live.eager_launch.count());
-    j.kv("clock_sync_pairs", static_cast<uint64_t>(c->syncs.size())).end_object();
+    j.kv("clock_sync_pairs", static_cast<uint64_t>(c->syncs.size()));
+    write_calibration(j, c);
+    j.end_object();
   }
   j.end_array().end_object();
   return j.str();

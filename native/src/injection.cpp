@@ -28,6 +28,11 @@ static Sanitizer_SubscriberHandle g_sub = nullptr;
 
 static void on_module_loaded(const Sanitizer_ResourceModuleData* md) {
   Ctx* c = get_ctx(md->context);
+  if (t_own_module) {  // the tracer's own (calibrate.cpp): not the program's
+    std::lock_guard<std::mutex> lk(c->mu);
+    if (t_own_module == 1) patch_own_module(c, md->module);
+    return;
+  }
   note_loaded_kernels(c->index, md->pCubin, md->cubinSize);  // metadata loaded_kernels (patching.cpp)
   bool has = cubin_has_target(md->pCubin, md->cubinSize);
   logf(2, "context %u: module %p loaded: cubin %zu bytes%s, %s", c->index, (void*)md->module, (size_t)md->cubinSize,

@@ -38,14 +38,27 @@ uint64_t encode(const Ctx* c, uint32_t slot, uint64_t tag) {
   return c->state_dev | (static_cast<uint64_t>(slot) << KVCONV_SLOT_SHIFT) | (tag & KVCONV_TAG_MASK);
 }
 
-bool patch_module(Ctx* c, CUmodule m) {  // c->mu held
-  if (c->patched_modules.count(m)) return true;
-  if (!setup_device(c)) return false;
+// The patches every target module gets (and the calibration's copy: the same instrumentation is what is measured).
+static bool apply_patches(CUmodule m) {
   bool ok = true;
   if (g_cfg.enter) ok &= SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_ENTER, m, "kvconv_block_enter"));
   if (g_cfg.exit) ok &= SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_EXIT, m, "kvconv_block_exit"));
   ok &= writes_patch_module(m);
   ok &= SAN(sanitizerPatchModule(m));
+  return ok;
+}
+
+bool patch_own_module(Ctx* c, CUmodule m) {  // c->mu held; the device is set up (calibration follows it)
+  if (!c->state_dev || c->patched_modules.count(m)) return false;
+  const bool ok = apply_patches(m);
+  c->patched_modules.insert(m);
+  return ok;
+}
+
+bool patch_module(Ctx* c, CUmodule m) {  // c->mu held
+  if (c->patched_modules.count(m)) return true;
+  if (!setup_device(c)) return false;
+  const bool ok = apply_patches(m);
   c->patched_modules.insert(m);
   c->modules_patched.fetch_add(1);
   logf(1, "context %u: patched module %p", c->index, (void*)m);
@@ -71,6 +84,13 @@ static uint32_t new_target(Ctx* c, const char* name, CUmodule m, bool launching)
 // that lives as long as the context (the seed's lesson), NULL for non-targets.
 uint32_t classify(Ctx* c, CUfunction f, const char* name, CUmodule m, bool launching) {
   std::lock_guard<std::mutex> lk(c->mu);
+  if (auto own = c->own_fn.find(f); own != c->own_fn.end()) {  // the calibration's patched copy: its own buffer
+    auto d = c->fn_data.find(f);
+    if ((d == c->fn_data.end() || d->second != own->second) &&
+        SAN(sanitizerSetCallbackData(f, reinterpret_cast<void*>(own->second))))
+      c->fn_data[f] = own->second;
+    return 0;
+  }
   uint32_t slot;
   auto it = c->fn_slot.find(f);
   if (it != c->fn_slot.end()) {
@@ -99,6 +119,7 @@ void give_lazy_functions_data(Ctx* c, CUmodule m, const CUfunction* fns, uint32_
     CUfunction f = fns[i];
     auto it = c->fn_slot.find(f);
     const uint32_t slot = it == c->fn_slot.end() ? 0 : it->second;
+    if (c->own_fn.count(f)) continue;  // given its data at its launch (classify)
     // Every function of a patched module gets data now (never garbage): unknown ones NULL; a target is recognised
     // by name at its first launch and given its own data then, before that launch runs.
     const uint64_t ud = slot ? encode(c, slot, 0) : 0;

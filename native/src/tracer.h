@@ -6,6 +6,7 @@
 //   device_buffer.cpp the device state and event buffer; the flusher's copies of events into the dump file
 //   host_tables.cpp   graph-node and eager-launch records, written straight into the dump file
 //   clock_sync.cpp    clock-sync pairs and their background thread
+//   calibrate.cpp     the instrumentation's bias on durations, measured at start-up (issue 27)
 //   dump_output.cpp   metadata (JSON writer) and the finished dump (compacted from the live file)
 //   exit_paths.cpp    the flusher thread, atexit, SIGTERM/SIGINT, crash signals, fork
 //   graph_exec.cpp    graph execs: target nodes learned once per exec, then per replay one tag and their records
@@ -54,6 +55,7 @@ struct Config {
   bool whole_domains = false;    // KVCONV_CALLBACKS=domains: enable whole callback domains (the facts-note setup)
   bool no_callbacks = false;     // KVCONV_CALLBACKS=none: injected and subscribed, nothing enabled (the cost floor)
   int verbose = 0;
+  bool calibrate = true;         // KVCONV_CALIBRATE=0: no start-up calibration of the enter/exit bias
   std::string patch_file, clocksync_file;
 };
 extern Config g_cfg;
@@ -80,6 +82,9 @@ struct Drv {
   CUresult (*memcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*streamSynchronize)(CUstream) = nullptr;
   CUresult (*threadExchangeStreamCaptureMode)(CUstreamCaptureMode*) = nullptr;
+  CUresult (*memAlloc)(CUdeviceptr*, size_t) = nullptr;  // calibration only (calibrate.cpp)
+  CUresult (*memcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
+  CUresult (*memsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
 };
 extern Drv g_drv;
 void load_driver();
@@ -99,6 +104,18 @@ struct KernelInfo {
   uint32_t slot;
   uint64_t module;
   std::string name;
+};
+
+// The start-up calibration (calibrate.cpp): medians over `launches` launches of kvconv_calib_append (blocks x
+// threads), of the tracer's span (first block entry to last block exit, as durations are measured) on a patched
+// copy of the kernel and of the kernel's own span on an unpatched copy; bias = their difference.
+struct Calibration {
+  bool done = false;
+  std::string why;  // not done: why
+  uint32_t launches = 0, blocks = 0, threads = 0, row_bytes = 0;
+  double traced_ns = 0, own_patched_ns = 0, own_plain_ns = 0, bias_ns = 0, per_block_ns = 0;
+  double bias_p10_ns = 0, bias_p90_ns = 0;  // of the per-launch bias (patched span minus the plain median)
+  uint64_t events = 0, dropped = 0;
 };
 
 struct SyncRes {
@@ -139,6 +156,7 @@ struct Ctx {
   std::unordered_set<CUmodule> patched_modules;
   std::unordered_map<CUfunction, uint32_t> fn_slot;  // 0 = known non-target
   std::unordered_map<CUfunction, uint64_t> fn_data;  // callback data given to each function of a patched module
+  std::unordered_map<CUfunction, uint64_t> own_fn;   // the tracer's own patched functions and their callback data
   std::vector<KernelInfo> kernels;
   LiveGroups live;
   uint64_t graph_next = 0, eager_next = 0;  // rows reserved (may exceed capacity: overflow)
@@ -157,6 +175,8 @@ struct Ctx {
   uint64_t last_sync_ns = 0;
   uint32_t sync_failures = 0;
   SyncRes sres;
+  Calibration calib;  // the sync thread's (written once, before `calibrated`)
+  std::atomic<bool> calibrated{false};
   // device events: copied from device memory into live.device_event by the flusher thread (device_buffer.cpp)
   std::mutex flush_mu;             // guards finished, copying
   std::condition_variable flush_cv;  // copying went false
@@ -235,6 +255,13 @@ bool writes_patch_module(CUmodule m);    // global memory accesses of a patched 
 uint64_t writes_setup(Ctx* c);           // inside setup_device: the device write table; its state address or 0
 void writes_finish(Ctx* c);              // inside finish_device: the table copied out
 void write_writes(kvconv::DumpWriter& w, const Ctx* c, kvconv::GroupSpec g);  // cache/slot_write/step groups
+
+// ------------------------------------------------------------------ calibrate.cpp
+// Set on the thread loading one of the tracer's own modules: 1 patch it (as a target module), 2 leave it alone;
+// either way it is not a program's module (no loaded_kernels names, no modules_patched count).
+extern thread_local int t_own_module;
+bool patch_own_module(Ctx* c, CUmodule m);  // c->mu held
+void calibrate(Ctx* c);                     // the sync thread, after the context's first clock sync
 
 // ------------------------------------------------------------------ clock_sync.cpp
 void do_clock_sync(Ctx* c, uint32_t flags);

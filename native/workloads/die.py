@@ -4,7 +4,9 @@
     python3 native/workloads/die.py CASE [kv_decode args...]
 
 CASE: normal (return 0), exit-code (sys.exit(3)), exception (uncaught RuntimeError), os-exit (os._exit(0), what
-forked multiprocessing children do), abort (os.abort(): SIGABRT), sigsegv (SIGSEGV raised in the program), sigkill
+forked multiprocessing children do), os-exit-now (torch.cuda.synchronize(); os._exit(0) right after the last target
+launch, before the summary line: inside the tracer's flush period, so its last events are never copied out),
+abort (os.abort(): SIGABRT), sigsegv (SIGSEGV raised in the program), sigkill
 (SIGKILL: nothing in the process runs), illegal-address (a non-target kernel writes to an unmapped address: CUDA
 error 700 on the next synchronize, raised as an uncaught exception).
 
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kv_decode  # noqa: E402
 
-CASES = ("normal", "exit-code", "exception", "os-exit", "abort", "sigsegv", "sigkill", "illegal-address")
+CASES = ("normal", "exit-code", "exception", "os-exit", "os-exit-now", "abort", "sigsegv", "sigkill", "illegal-address")
 
 BAD_SRC = r"""
 extern "C" __global__ void kvconv_test_bad_store(unsigned long long* p) { p[threadIdx.x] = 1; }
@@ -41,11 +43,20 @@ def illegal_address() -> None:
     torch.cuda.synchronize()  # raises: an illegal memory access was encountered
 
 
+def _exit_now() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    os._exit(0)
+
+
 def main(argv: list[str]) -> int:
     case = argv[0] if argv else "normal"
     if case not in CASES:
         print(f"die.py: CASE must be one of {', '.join(CASES)}", file=sys.stderr)
         return 2
+    if case == "os-exit-now":
+        kv_decode.END_HOOK = _exit_now
     rc = kv_decode.main(argv[1:])
     sys.stdout.flush()
     print(f"die.py: ending with {case}", flush=True)

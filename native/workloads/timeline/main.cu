@@ -57,10 +57,30 @@ int main(int argc, char** argv) {
   }
   launch_stamp(s, stamps, 3 * N);
   CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+  const int execs = argc > 5 ? atoi(argv[5]) : 1;
+  cudaGraphExec_t ge2 = nullptr;
+  if (execs == 2 || execs == 3) CK(cudaGraphInstantiate(&ge2, g, 0));
+  if (execs == 4) {  // the same units captured again: another graph, not another instantiation of this one
+    cudaGraph_t g2;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < N; ++i) {
+      launch_stamp(s, stamps, 3 * i);
+      launch_target(0, s, B, T, dst, src, slot, D, first, last, 3 * i);
+      launch_stamp(s, stamps, 3 * i + 1);
+      launch_target(1, s, B, T, dst, src, slot, D, first, last, 3 * i + 1);
+      launch_stamp(s, stamps, 3 * i + 2);
+      launch_other(s, B, T, dst, src, slot, D, first, last, 3 * i + 2);
+    }
+    CK(cudaStreamEndCapture(s, &g2)); CK(cudaGraphInstantiate(&ge2, g2, 0));
+  }
+  if (execs == 3) {
+    CK(cudaGraphLaunch(ge2, s)); CK(cudaStreamSynchronize(s)); CK(cudaGraphExecDestroy(ge2)); ge2 = nullptr;
+  }
   cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   std::vector<double> gpu_us, pre[3], body[3], post[3], seg[3];
   std::vector<unsigned long long> hf(K), hl(K), hst(3 * N + 1);
   for (int r = 0; r < R + 10; ++r) {
+    if (ge2) { CK(cudaGraphLaunch(ge2, s)); CK(cudaStreamSynchronize(s)); }  // its stamps are overwritten below
     CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(e1, s));
     CK(cudaStreamSynchronize(s));
     if (r < 10) continue;
@@ -79,7 +99,7 @@ int main(int argc, char** argv) {
   CK(cudaGetLastError());
   const char* names[3] = {"target", "sibling", "other"};
   printf("{\"nodes_per_kind\": %d, \"replays\": %d, \"blocks\": %d, \"other_module_loaded_after_target\": %s, "
-         "\"gpu_us_median\": %.2f", N, R, B, late ? "true" : "false", med(gpu_us));
+         "\"execs\": %d, \"gpu_us_median\": %.2f", N, R, B, late ? "true" : "false", execs, med(gpu_us));
   for (int j = 0; j < 3; ++j)
     printf(", \"%s\": {\"pre_ns\": %.0f, \"body_ns\": %.0f, \"post_ns\": %.0f, \"stamp_to_stamp_ns\": %.0f, "
            "\"mean_pre_ns\": %.1f, \"mean_body_ns\": %.1f, \"mean_post_ns\": %.1f, \"mean_stamp_to_stamp_ns\": %.1f}",

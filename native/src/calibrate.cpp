@@ -1,0 +1,187 @@
+// The instrumentation's bias on durations, measured once per context at start-up (issue 27 item 5).
+//
+// A duration from block events (kvconv reconcile, the Arrow launches table) spans a launch's first block-enter
+// event to its last block-exit event; the patch calls around the kernel's body are inside that span, so a short
+// kernel reads long (a 1.2 us paged-KV append: ~2.1 us on an H200). The sync thread loads the tracer's own kernel
+// module twice, patches one copy as a target module is patched (same enter/exit patch, its events into a buffer of
+// its own), and launches kvconv_calib_append alternately from both copies on its own non-blocking stream. Both copies
+// stamp their own first entry and last exit; the patched copy's events give the span as kvconv measures it:
+//   bias = median(tracer's span, patched) - median(kernel's own span, unpatched)
+// recorded in the metadata (`calibration`), where kvconv reads it to print raw and corrected durations.
+// KVCONV_CALIBRATE=0 turns it off. Costs ~2 x kLaunches short launches once, beside the program's first work.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "tracer.h"
+
+namespace kvtr {
+
+thread_local int t_own_module = 0;
+
+static const int kLaunches = 200, kBlocks = 8, kThreads = 128, kWords = 256;  // 8 rows of 2 KiB, as a decode step
+static const uint64_t kCalibEvents = 2 * kLaunches * kBlocks + 64;
+
+struct CalibBuffers {
+  CUdeviceptr state = 0, dst = 0, src = 0, first = 0, last = 0;  // first/last: [2][kLaunches] (plain, patched)
+};
+
+static bool alloc_buffers(CalibBuffers& b, CUstream s) {
+  const size_t ev = kCalibEvents * sizeof(kvconv_device_event_t);
+  CUdeviceptr raw = 0;
+  if (g_drv.memAlloc(&raw, KVCONV_STATE_ALIGN + KVCONV_EVENTS_OFFSET + ev) != CUDA_SUCCESS) return false;
+  b.state = (raw + KVCONV_STATE_ALIGN - 1) & ~(CUdeviceptr)(KVCONV_STATE_ALIGN - 1);
+  if (b.state >> KVCONV_SLOT_SHIFT) return false;
+  if (g_drv.memAlloc(&b.dst, (size_t)(17 * kBlocks + 4) * kWords * 8) != CUDA_SUCCESS) return false;
+  if (g_drv.memAlloc(&b.src, (size_t)kBlocks * kWords * 8) != CUDA_SUCCESS) return false;
+  if (g_drv.memAlloc(&b.first, 2 * kLaunches * 8) != CUDA_SUCCESS) return false;
+  if (g_drv.memAlloc(&b.last, 2 * kLaunches * 8) != CUDA_SUCCESS) return false;
+  bool ok = g_drv.memsetD8Async(b.first, 0xff, 2 * kLaunches * 8, s) == CUDA_SUCCESS;
+  ok &= g_drv.memsetD8Async(b.last, 0, 2 * kLaunches * 8, s) == CUDA_SUCCESS;
+  ok &= g_drv.memsetD8Async(b.src, 1, (size_t)kBlocks * kWords * 8, s) == CUDA_SUCCESS;
+  ok &= g_drv.memsetD8Async(b.state + KVCONV_EVENTS_OFFSET, 0, ev, s) == CUDA_SUCCESS;
+  return ok;
+}
+
+// The calibration's device state: its own event buffer; the context's node table (the lookup each event pays) and
+// no write recording (the write patch returns at its first test).
+static bool init_state(const Ctx* c, const CalibBuffers& b, CUstream s) {
+  static kvconv_dev_state st;  // the sync thread's: one calibration at a time
+  std::memset(&st, 0, sizeof st);
+  st.events = b.state + KVCONV_EVENTS_OFFSET;
+  st.capacity = kCalibEvents;
+  st.table = c->table_dev;
+  st.table_mask = kNodeTableSlots - 1;
+  st.cells = c->cells_dev;
+  if (g_drv.memcpyHtoDAsync(b.state, &st, sizeof st, s) != CUDA_SUCCESS) return false;
+  return g_drv.streamSynchronize(s) == CUDA_SUCCESS;  // `st` is pageable: the copy is done when this returns
+}
+
+static bool load_copy(int mode, CUmodule* m, CUfunction* f) {
+  t_own_module = mode;
+  const bool ok = g_drv.moduleLoad(m, g_cfg.clocksync_file.c_str()) == CUDA_SUCCESS &&
+                  g_drv.moduleGetFunction(f, *m, "kvconv_calib_append") == CUDA_SUCCESS;
+  t_own_module = 0;
+  return ok;
+}
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1))];
+}
+
+// Per launch of the patched copy (events grouped by %gridid, in launch order): first enter to last exit, and the
+// mean of its blocks' enter-to-exit.
+static void traced_spans(const std::vector<kvconv_device_event_t>& ev, std::vector<double>& span,
+                         std::vector<double>& block) {
+  struct Acc {
+    uint64_t lo = ~0ull, hi = 0;
+    std::map<uint32_t, uint64_t> enter;
+    double block_sum = 0;
+    int blocks = 0;
+  };
+  std::map<uint64_t, Acc> by;
+  for (const auto& e : ev) {
+    Acc& a = by[e.gridid];
+    if (e.kind == KVCONV_EVENT_KIND_BLOCK_ENTER) {
+      a.lo = std::min<uint64_t>(a.lo, e.globaltimer);
+      a.enter[e.block_x] = e.globaltimer;
+    } else if (e.kind == KVCONV_EVENT_KIND_BLOCK_EXIT) {
+      a.hi = std::max<uint64_t>(a.hi, e.globaltimer);
+      auto it = a.enter.find(e.block_x);
+      if (it != a.enter.end()) a.block_sum += static_cast<double>(e.globaltimer - it->second), a.blocks++;
+    }
+  }
+  for (auto& [gid, a] : by) {
+    if (a.lo == ~0ull || a.hi < a.lo || a.blocks != kBlocks) continue;  // incomplete (dropped): not a sample
+    span.push_back(static_cast<double>(a.hi - a.lo));
+    block.push_back(a.block_sum / a.blocks);
+  }
+}
+
+static std::string run(Ctx* c, Calibration& r, CUstream s) {
+  CalibBuffers b;
+  if (!alloc_buffers(b, s) || !init_state(c, b, s)) return "device memory for the calibration";
+  CUmodule mp = nullptr, mq = nullptr;
+  CUfunction fp = nullptr, fq = nullptr;
+  if (!load_copy(1, &mp, &fp) || !load_copy(2, &mq, &fq)) return "cannot load " + g_cfg.clocksync_file;
+  {
+    std::lock_guard<std::mutex> lk(c->mu);
+    if (!c->patched_modules.count(mp)) return "the calibration copy was not patched";
+    c->own_fn[fp] = b.state;  // slot 0, tag 0: only the state address is read
+  }
+  int words = kWords;
+  for (int k = 0; k < kLaunches; ++k)
+    for (int which = 0; which < 2; ++which) {  // plain, patched, in turn: the same conditions for both
+      int idx = which * kLaunches + k;
+      void* args[] = {&b.dst, &b.src, &words, &b.first, &b.last, &idx};
+      if (g_drv.launchKernel(which ? fp : fq, kBlocks, 1, 1, kThreads, 1, 1, 0, s, args, nullptr) != CUDA_SUCCESS)
+        return "a calibration launch failed";
+    }
+  kvconv_dev_state st;
+  std::vector<unsigned long long> first(2 * kLaunches), last(2 * kLaunches);
+  bool ok = g_drv.memcpyDtoHAsync(&st, b.state, sizeof st, s) == CUDA_SUCCESS;
+  ok &= g_drv.memcpyDtoHAsync(first.data(), b.first, first.size() * 8, s) == CUDA_SUCCESS;
+  ok &= g_drv.memcpyDtoHAsync(last.data(), b.last, last.size() * 8, s) == CUDA_SUCCESS;
+  if (!ok || g_drv.streamSynchronize(s) != CUDA_SUCCESS) return "reading the calibration back";
+  const uint64_t n = std::min<uint64_t>(st.next, kCalibEvents);
+  std::vector<kvconv_device_event_t> ev(n);
+  if (n && (g_drv.memcpyDtoHAsync(ev.data(), st.events, n * sizeof(kvconv_device_event_t), s) != CUDA_SUCCESS ||
+            g_drv.streamSynchronize(s) != CUDA_SUCCESS))
+    return "reading the calibration's events back";
+  std::vector<double> span, block, own[2];
+  traced_spans(ev, span, block);
+  for (int w = 0; w < 2; ++w)
+    for (int k = 0; k < kLaunches; ++k)
+      if (last[w * kLaunches + k] >= first[w * kLaunches + k] && first[w * kLaunches + k] != ~0ull)
+        own[w].push_back(static_cast<double>(last[w * kLaunches + k] - first[w * kLaunches + k]));
+  if (span.size() < kLaunches / 2 || own[0].size() < kLaunches / 2) return "too few complete calibration launches";
+  r.launches = static_cast<uint32_t>(span.size());
+  r.blocks = kBlocks, r.threads = kThreads, r.row_bytes = kWords * 8;
+  r.events = st.next, r.dropped = st.drops;
+  r.traced_ns = median(span);
+  r.own_plain_ns = median(own[0]);
+  r.own_patched_ns = median(own[1]);
+  r.bias_ns = r.traced_ns - r.own_plain_ns;
+  r.per_block_ns = median(block);
+  std::vector<double> each;
+  for (double x : span) each.push_back(x - r.own_plain_ns);
+  r.bias_p10_ns = quantile(each, 0.1), r.bias_p90_ns = quantile(each, 0.9);
+  return "";
+}
+
+void calibrate(Ctx* c) {  // the sync thread, after the context's first clock sync (its stream and module)
+  if (c->calibrated.load()) return;
+  Calibration r;
+  if (!g_cfg.calibrate) r.why = "KVCONV_CALIBRATE=0";
+  else if (!g_cfg.enter || !g_cfg.exit) r.why = "enter-only events: no durations to correct";
+  else if (!g_drv.memAlloc || !g_drv.memcpyHtoDAsync || !g_drv.memsetD8Async || !g_drv.memcpyDtoHAsync ||
+           !g_drv.streamSynchronize || !c->sres.ok)
+    r.why = "driver entry points missing";
+  else if (g_drv.ctxPush(c->ctx) != CUDA_SUCCESS) r.why = "cannot make the context current";
+  else {
+    r.why = run(c, r, c->sres.stream);
+    CUcontext popped;
+    g_drv.ctxPop(&popped);
+  }
+  r.done = r.why.empty();
+  if (r.done)
+    logf(1, "context %u: calibration: tracer span %.0f ns, kernel's own %.0f ns (patched %.0f): bias %.0f ns "
+            "(p10 %.0f, p90 %.0f) over %u launches",
+         c->index, r.traced_ns, r.own_plain_ns, r.own_patched_ns, r.bias_ns, r.bias_p10_ns, r.bias_p90_ns,
+         r.launches);
+  else logf(1, "context %u: no calibration: %s", c->index, r.why.c_str());
+  c->calib = r;
+  c->calibrated.store(true);
+}
+
+}  // namespace kvtr
