@@ -96,7 +96,7 @@ def test_block_outside_its_grid_inside_a_launchs_run(tmp_path, at):
     assert f["block-outside-grid"]["field"] == "device_event.block_x"
 
 
-# validate checks flags, kernel slots and kinds once per run of one launch's events (kvconv.check._runs): a bad value
+# validate checks flags, kernel slots and kinds once per run of one launch's events (kvconv.join.runs): a bad value
 # on one event inside a long run splits the run there, so the finding still names that event and counts every one.
 _BAD_KIND = max(layout.ENUMS["event_kind"].values()) + 1
 _BAD_FLAG = 0x80

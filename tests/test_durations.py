@@ -1,4 +1,4 @@
-"""Durations from block enter / exit events (kvconv.check.reconcile.durations) through the real CLI, checked against
+"""Durations from block enter / exit events (kvconv.join.durations) through the real CLI, checked against
 an independent computation in plain Python: host records looked up by (gridid, tag) / gridid, blocks paired by a
 dict in sequence order, statistics by sorting."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, run_cli
-from kvconv.check.reconcile.durations import launch_durations
 from kvconv.format import dump, layout
+from kvconv.join.durations import launch_durations
 
 EE = FIXTURES / "h200-enter-exit" / "enter-exit.kvdump"
 ENTER, EXIT = layout.ENUMS["event_kind"]["block_enter"], layout.ENUMS["event_kind"]["block_exit"]

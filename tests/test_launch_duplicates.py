@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, _duplicates, first_records, node_ordinals
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable, _duplicates, first_records, node_ordinals
 
 
 def _table(gn: list, eager_gids: list) -> LaunchTable:

@@ -1,13 +1,13 @@
 """Node ordinals find a graph exec's node ids among the distinct handles of its first records
-(kvconv.check.reconcile.launches._node_ids): a node first seen after those records must still get the ordinal the
+(kvconv.join.launches._node_ids): a node first seen after those records must still get the ordinal the
 full sort gives it (the fallback), in the launch table every reconcile and emitter reads."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kvconv.check.reconcile.launches import _node_ids, node_ordinals
 from kvconv.format import layout
+from kvconv.join.launches import _node_ids, node_ordinals
 
 
 def _records(n_replays: int, nodes: int, late_node_at: int | None) -> dict:

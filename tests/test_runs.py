@@ -1,4 +1,4 @@
-"""kvconv.check._runs.rows_by_value: the rows of each value, the same whether it compares per value (a few graph
+"""kvconv.join.runs.rows_by_value: the rows of each value, the same whether it compares per value (a few graph
 execs) or sorts once (many), against a plain per-value search."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvconv.check._runs import SCAN_GROUPS, rows_by_value
+from kvconv.join.runs import SCAN_GROUPS, rows_by_value
 
 
 @pytest.mark.parametrize("n_values", [3, SCAN_GROUPS, SCAN_GROUPS + 1, 5000])

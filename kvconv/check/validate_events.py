@@ -20,9 +20,9 @@ from kvconv.check._collect import (
     _enum_values,
     _known,
 )
-from kvconv.check._runs import Runs, chunk_runs
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
+from kvconv.join.runs import Runs, chunk_runs
 
 EV_CHUNK = 1 << 15  # 2 MiB of events: every check of a chunk runs while it is in cache
 
@@ -150,7 +150,7 @@ class _SequenceOrder:
         self.prev_seq = self.prev_t = None
 
     def add(self, ev: np.ndarray, base: int, consecutive: bool) -> None:
-        """``consecutive``: the chunk's sequences rise by 1 from event to event (:attr:`kvconv.check._runs.Runs`)."""
+        """``consecutive``: the chunk's sequences rise by 1 from event to event (:attr:`kvconv.join.runs.Runs`)."""
         if not self.in_order or not len(ev):
             return
         seq = ev["sequence"]
@@ -348,7 +348,7 @@ def _grid_tables(d: dumpmod.Dump, ctx: int, table=None):
              **{f: a.astype(np.uint32, copy=False)
                 for f, a in (("grid_x", table.gx), ("grid_y", table.gy), ("grid_z", table.gz))}}
     else:
-        from kvconv.check.reconcile.launches import host_columns
+        from kvconv.join.launches import host_columns
 
         if not any(len(g.records) for k in ("graph_node", "eager_launch") for g in d.groups_of(k, context_id=ctx)):
             return None

@@ -117,7 +117,7 @@ def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float
     """The loaded kernel names closest to the ``-k`` patterns, best first, as a person types them: each name's
     function (its demangled name without return type, scopes, template arguments and parameters: a substring ``-k``
     matches), a pattern compared (difflib's ratio) with it and with the whole demangled name."""
-    from kvconv.check.reconcile.launches import short_name
+    from kvconv.join.launches import short_name
     from kvconv.names import demangle
 
     keys: dict[str, str] = {}  # what a pattern is compared with -> what the message offers

@@ -1,5 +1,5 @@
 """Block and kernel durations for the traces, from block exit events (``kvconv record --events enter,exit``): the
-computation is reconcile's (:mod:`kvconv.check.reconcile.durations`: per launch first entry to last exit, per block
+computation is reconcile's (:mod:`kvconv.join.durations`: per launch first entry to last exit, per block
 entry to exit paired first-in first-out per block). Per block nothing is kept across the dump (issue 13: memory
 independent of the number of blocks): the first pass keeps the lanes each SM needs, the second pass pairs again
 chunk by chunk, a little ahead of what it writes, and gives each block the same lane.
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile.durations import BlockPairer, Durations, LaunchDurations
 from kvconv.emit._stream import SLICE, Ctx
+from kvconv.join.durations import BlockPairer, Durations, LaunchDurations
 
 _I64 = np.iinfo(np.int64)
 _NSM = 1 << 16  # smid is u16

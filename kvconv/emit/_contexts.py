@@ -16,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kvconv.check.reconcile.exact import ExactJoin
-from kvconv.check.reconcile.launches import LaunchTable
 from kvconv.clock import of_dump
 from kvconv.emit._canary import canaries
 from kvconv.emit._first_pass import first_pass
@@ -36,6 +34,8 @@ from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import UsageError
+from kvconv.join.exact import ExactJoin
+from kvconv.join.launches import LaunchTable
 from kvconv.memory import release_heap, stream_heap
 from kvconv.progress import Progress, ProgressOptions
 

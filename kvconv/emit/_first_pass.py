@@ -34,7 +34,7 @@ class Agg:
     rate_vals: np.ndarray  # ... and the count from there on (the last step is back to 0)
     kept: int  # device events kept by the filters
     kept_hosts: np.ndarray  # bool per host row
-    durations: object = None  # kvconv.check.reconcile.durations.Durations per host row (None: no block exits)
+    durations: object = None  # kvconv.join.durations.Durations per host row (None: no block exits)
     blocks: BlockLanes | None = None  # lanes of the paired blocks (entry to exit) per SM
 
 

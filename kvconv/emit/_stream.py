@@ -6,7 +6,7 @@ same pass, by a worker thread beside the caller's work), and the pages of a walk
 cache (``MADV_DONTNEED``) on large dumps. Chunks are handed out in cache-sized slices (``SLICE`` events) where the
 work is column by column, so that the records and their temporaries stay in cache.
 
-The join (:class:`kvconv.check.reconcile.exact.ExactJoin`) looks up each run of device events of one launch once:
+The join (:class:`kvconv.join.exact.ExactJoin`) looks up each run of device events of one launch once:
 tracer dumps carry gridid and tag, and their events come in runs of one launch's blocks.
 
     >>> for first, recs in ctx.chunks(1 << 18, sub=SLICE):      # doctest: +SKIP
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconv._workers import worker
-from kvconv.check._runs import run_starts
-from kvconv.check.reconcile.exact import ExactJoin
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.clock import Clock
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import DamagedError
+from kvconv.join.exact import ExactJoin
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
+from kvconv.join.runs import run_starts
 from kvconv.memory import release_heap
 
 __all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads",

@@ -262,10 +262,10 @@ def _kernel_names(pa, c, slots: np.ndarray):
 def _launch_table(pa, c, sink, options: EmitOptions) -> None:
     """The ``launch`` table: one row per launch or graph-node execution (launch-table row, graph uploads left out):
     its device start (first block entry), last block entry, end (last block exit: null when the dump records no
-    exits) and duration (kvconv.check.reconcile.durations, the computation reconcile reports), blocks predicted and
+    exits) and duration (kvconv.join.durations, the computation reconcile reports), blocks predicted and
     recorded, replay and node."""
-    from kvconv.check.reconcile.durations import LaunchDurations
-    from kvconv.check.reconcile.exact import ExactJoin
+    from kvconv.join.durations import LaunchDurations
+    from kvconv.join.exact import ExactJoin
 
     h = c.host
     ld = LaunchDurations(h, c.xjoin if c.xjoin is not None else ExactJoin(h))

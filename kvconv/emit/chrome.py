@@ -23,7 +23,6 @@ import json
 
 import numpy as np
 
-from kvconv.check.reconcile.launches import short_name
 from kvconv.emit import _text as t
 from kvconv.emit._canary import CanarySteps
 from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
@@ -34,6 +33,7 @@ from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import Plan
 from kvconv.format import layout
+from kvconv.join.launches import short_name
 from kvconv.memory import release_heap
 from kvconv.progress import human_size
 

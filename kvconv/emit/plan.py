@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvconv.check._runs import rows_by_value
-from kvconv.check.reconcile.launches import short_name
 from kvconv.emit._blocks import BlockStream, place_lanes
 from kvconv.emit._canary import canary_steps
 from kvconv.emit._first_pass import Agg, event_keep
 from kvconv.emit._stream import EAGER, GRAPH_NODE, Ctx
 from kvconv.emit.options import EmitOptions
 from kvconv.format.errors import OutputError
+from kvconv.join.launches import short_name
+from kvconv.join.runs import rows_by_value
 
 SPAN = 1 << 24  # local track ids of one context: 1 .. SPAN - 1
 
@@ -101,7 +101,7 @@ def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 def _pairs_by_exec(ex: np.ndarray, v: np.ndarray, n_exec: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (ex, v) pairs in (ex, v) order: each one's first occurrence, and each row's pair, where ``ex``
     takes the values 0 .. n_exec - 1 (graph execs): one np.unique per exec, so that the temporaries are one exec's
-    rows at a time (:func:`kvconv.check._runs.rows_by_value`)."""
+    rows at a time (:func:`kvconv.join.runs.rows_by_value`)."""
     inv = np.empty(len(ex), np.int64)
     firsts, base = [], 0
     for _, sel in rows_by_value(ex, np.arange(n_exec)):
@@ -238,7 +238,7 @@ class Plan:
 
     def launch_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(rows, start, end)`` (device ns) of the shown launches with matched blocks: the first block entry to
-        the last block exit where the dump records exits (kvconv.check.reconcile.durations), else to the last block
+        the last block exit where the dump records exits (kvconv.join.durations), else to the last block
         entry (``exits_recorded`` False: a lower bound of the kernel's duration)."""
         agg, d = self.agg, self.agg.durations
         if d is not None:

@@ -1,5 +1,5 @@
 """Node x replay durations (first block entry to last block exit) of a context whose device events include block
-exits, from :mod:`kvconv.check.reconcile.durations` (the one computation of a launch's duration): laid out as the
+exits, from :mod:`kvconv.join.durations` (the one computation of a launch's duration): laid out as the
 start-offset matrices of :class:`kvconv.look.profile.GraphView` are (replays sorted, node ordinals).
 
     >>> mats = matrices(d, 0, graphs)       # doctest: +SKIP
@@ -14,8 +14,8 @@ import numpy as np
 def matrices(d, ctx: int, graphs: list) -> list[np.ndarray]:
     """One replays x nodes matrix per GraphView of ``graphs`` (a second read of the context's events: only dumps
     with block-exit events pay it)."""
-    from kvconv.check.reconcile.durations import launch_durations
-    from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable
+    from kvconv.join.durations import launch_durations
+    from kvconv.join.launches import GRAPH_NODE, LaunchTable
 
     t = LaunchTable.load(d, ctx)
     dur = launch_durations(d, ctx, t=t)

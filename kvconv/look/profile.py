@@ -13,7 +13,7 @@ aggregates a picture needs, each bounded by the host records or by a fixed numbe
 What it holds (values, no objects with behaviour): ``reconcile`` (ReconcileResult.to_dict()), ``canary`` (the
 summary, findings and a step x page count of flagged pages when the dump has canary records), and per context the
 blocks per SM, the count of block-exit events, the per-launch expected and recorded blocks (host launch order), and
-per graph exec the node x replay start offsets (and durations when kvconv.check.reconcile.durations gives them).
+per graph exec the node x replay start offsets (and durations when kvconv.join.durations gives them).
 The device events are read once: each chunk feeds reconcile's streaming pass and the per-SM count together.
 """
 
@@ -118,7 +118,7 @@ def _context_view(d, c: dict, launches: np.ndarray, sm: np.ndarray, exits: int) 
 
 def _graph_view(g: dict, lt: np.ndarray, names: dict) -> GraphView:
     """Replays x node ordinals of one graph exec, from the launch table's per-launch first entry."""
-    from kvconv.check.reconcile.launches import GRAPH_NODE, kernel_short
+    from kvconv.join.launches import GRAPH_NODE, kernel_short
 
     ex = int(g["graph_exec"], 16)
     rows = lt[(lt["host_kind"] == GRAPH_NODE) & (lt["graph_exec"] == ex) & ~lt["duplicate"]]
@@ -145,9 +145,9 @@ def _graph_view(g: dict, lt: np.ndarray, names: dict) -> GraphView:
 
 
 def _durations(d, ctx: int, lt: np.ndarray, graphs: list) -> list | None:
-    """Per graph exec, replays x nodes durations from kvconv.check.reconcile.durations when that module exists
+    """Per graph exec, replays x nodes durations from kvconv.join.durations when that module exists
     (block-exit events); None otherwise."""
-    if importlib.util.find_spec("kvconv.check.reconcile.durations") is None:
+    if importlib.util.find_spec("kvconv.join.durations") is None:
         return None
     from kvconv.look import _durations
 

@@ -255,7 +255,7 @@ def _graph_plots(doc: _Doc, gv, g: dict, label: str) -> None:
         m, first = bins.columns(gv.durations)
         doc.figure("durations", plots.heatmap(m, first, title=f"{name}: node duration (first entry to last exit)",
                                               label="duration (µs)"),
-                   "from block-enter and block-exit events (kvconv.check.reconcile.durations)")
+                   "from block-enter and block-exit events (kvconv.join.durations)")
 
 
 def _canary(doc: _Doc, can: dict) -> None:

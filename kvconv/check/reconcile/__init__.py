@@ -39,7 +39,8 @@ Record indices (``host_index``, ``device_index``, Finding.record) are indices in
 
 Stages (one module each, each returning values): ``events`` (load) -> ``exact`` / ``ordered`` / ``window`` (join)
 -> ``count`` -> ``graphs`` (per graph exec, host side and device timing) -> ``report`` (JSON, tables, verdict, text).
-``launches.LaunchTable`` and ``exact.ExactJoin`` are shared with the emitters.
+The launch table, the exact join, the event load and the durations are :mod:`kvconv.join`'s, shared with the
+emitters.
 """
 
 from __future__ import annotations
@@ -48,22 +49,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvconv.check.reconcile._notes import Notes
 from kvconv.check.reconcile.count import check_ordered_against_gridid, count_blocks, gridid_note
-from kvconv.check.reconcile.durations import LaunchDurations
-from kvconv.check.reconcile.durations import section as durations_section
-from kvconv.check.reconcile.events import SEQ_LIMIT, load_drops, load_events
-from kvconv.check.reconcile.exact import (
-    JOIN_EXACT,
-    JOIN_NONE,
-    JOIN_ORDERED,
-    ExactJoin,
-    Match,
-    explain_unmatched,
-    join_exact,
-)
 from kvconv.check.reconcile.graphs import device_side, host_graphs
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.check.reconcile.ordered import join_ordered, misfit_notes
 from kvconv.check.reconcile.report import (
     LAUNCH_DTYPE,
@@ -87,6 +74,26 @@ from kvconv.check.reconcile.tally import tally_match
 from kvconv.check.reconcile.window import Windowed, join_window
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
+from kvconv.join.durations import LaunchDurations
+from kvconv.join.durations import section as durations_section
+from kvconv.join.events import (
+    CHUNK,  # noqa: F401 - reconcile.CHUNK: the streaming pass's chunk
+    SEQ_LIMIT,
+    event_chunks,
+    load_drops,
+    load_events,
+)
+from kvconv.join.exact import (
+    JOIN_EXACT,
+    JOIN_NONE,
+    JOIN_ORDERED,
+    ExactJoin,
+    Match,
+    explain_unmatched,
+    join_exact,
+)
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
+from kvconv.join.notes import Notes
 from kvconv.memory import release_heap
 
 JOIN_NAMES = {JOIN_NONE: "none", JOIN_EXACT: "exact", JOIN_ORDERED: "ordered"}
@@ -208,28 +215,6 @@ def reconcile(d, *, options: ReconcileOptions = ReconcileOptions(), tables: bool
                 progress(done, total)
         r.close(ctx)
     return r.result()
-
-
-CHUNK = 1 << 16  # device events per chunk of the streaming pass (4 MiB)
-
-
-def event_chunks(d, ctx: int, size: int = CHUNK):
-    """``(first index, records)`` over a context's device events, giving the pages of each chunk back once the
-    next is asked for on large dumps (:func:`kvconv.format.dump.release_pages`)."""
-    from kvconv.format.dump import release_pages
-
-    release = d.size > RELEASE_BYTES
-    base = 0
-    for g in d.groups_of("device_event", context_id=ctx):
-        rs = int(g.header["record_size"])
-        for s, view in g.chunks(size):
-            yield base + s, view
-            if release:
-                release_pages(d._mm, g.payload_offset + s * rs, len(view) * rs)
-        base += len(g.records)
-
-
-RELEASE_BYTES = 256 << 20  # the emitters' threshold (kvconv.emit._source.RELEASE_BYTES)
 
 
 class Reconciler:
@@ -451,7 +436,7 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
 
 
 def _duplicate_findings(t: LaunchTable, names: dict, notes: Notes) -> None:
-    from kvconv.check.reconcile.launches import first_records, kind_name, launch_name
+    from kvconv.join.launches import first_records, kind_name, launch_name
 
     rows = t.in_order(t.dup)
     if not len(rows):

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile._notes import Notes, hexs, ranges
-from kvconv.check.reconcile.events import Drops, Events
-from kvconv.check.reconcile.exact import Match
-from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kind_name, launch_name
 from kvconv.check.reconcile.tally import Tally
+from kvconv.join.events import Drops, Events
+from kvconv.join.exact import Match
+from kvconv.join.launches import GRAPH_NODE, LaunchTable, kind_name, launch_name
+from kvconv.join.notes import Notes, hexs, ranges
 
 
 @dataclass(frozen=True)

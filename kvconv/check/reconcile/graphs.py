@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check._runs import rows_by_value, run_starts
-from kvconv.check.reconcile._notes import Notes, hexs, ranges
-from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kernel_short
+from kvconv.join.launches import GRAPH_NODE, LaunchTable, kernel_short
+from kvconv.join.notes import Notes, hexs, ranges
+from kvconv.join.runs import rows_by_value, run_starts
 
 _I64 = np.iinfo(np.int64)
 

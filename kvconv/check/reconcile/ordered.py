@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile._notes import Notes
-from kvconv.check.reconcile.events import Drops, Events
-from kvconv.check.reconcile.exact import JOIN_ORDERED, Match
-from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable, kernel_short, launch_name
+from kvconv.join.events import Drops, Events
+from kvconv.join.exact import JOIN_ORDERED, Match
+from kvconv.join.launches import GRAPH_NODE, LaunchTable, kernel_short, launch_name
+from kvconv.join.notes import Notes
 
 
 @dataclass(frozen=True)

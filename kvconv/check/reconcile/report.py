@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvconv.check.reconcile._notes import plural as _n
-from kvconv.check.reconcile._notes import ranges as _ranges
-from kvconv.check.reconcile.durations import lines as duration_lines
-from kvconv.check.reconcile.exact import Match
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, kind_name, launch_name
+from kvconv.join.durations import lines as duration_lines
+from kvconv.join.exact import Match
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable, kind_name, launch_name
+from kvconv.join.notes import plural as _n
+from kvconv.join.notes import ranges as _ranges
 
 MATCH_DTYPE = np.dtype([
     ("context_id", "<u4"),

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvconv.check._runs import Runs, chunk_runs
-from kvconv.check.reconcile.events import BLOCK_ENTER
-from kvconv.check.reconcile.exact import JOIN_EXACT, ExactJoin, Unmatched, unmatched_keys
-from kvconv.check.reconcile.launches import GRAPH_NODE, LaunchTable
 from kvconv.check.reconcile.report import MATCH_DTYPE
 from kvconv.check.reconcile.tally import TallyBuilder
 from kvconv.format import layout
+from kvconv.join.events import BLOCK_ENTER
+from kvconv.join.exact import JOIN_EXACT, ExactJoin, Unmatched, unmatched_keys
+from kvconv.join.launches import GRAPH_NODE, LaunchTable
+from kvconv.join.runs import Runs, chunk_runs
 
 _EVF = layout.ENUMS["event_flags"]
 _GID, _TAG = np.uint8(_EVF["has_gridid"]), np.uint8(_EVF["has_tag"])
@@ -50,7 +50,7 @@ class ContextStream:
 
     def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None, runs: Runs | None = None) -> None:
         """The next chunk of the context's device events (``base``: the index of ``recs[0]``; ``kind``: its kind
-        column and ``runs`` its runs (:func:`kvconv.check._runs.chunk_runs`), when the caller found them already)."""
+        column and ``runs`` its runs (:func:`kvconv.join.runs.chunk_runs`), when the caller found them already)."""
         self.n_all += len(recs)
         if kind is None and (self.dur is not None or self.in_order):
             kind = recs["kind"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
 
 _I64 = np.iinfo(np.int64)
 _U64_MAX = np.iinfo(np.uint64).max
@@ -119,7 +119,7 @@ class TallyBuilder:
         """Events (sequence order) in runs: run ``i`` (from ``starts[i]``) matched to launch-table row ``rows[i]``.
         The per-event work is a few passes: 1-D grids whose blocks are all inside and all new (the usual case) need
         no sort; anything else goes the way of :meth:`add_matched`. ``lens`` (events per run) and ``xyz_max`` (per
-        run, the largest block_x / block_y / block_z): when the caller has them (:class:`kvconv.check._runs.Runs`)."""
+        run, the largest block_x / block_y / block_z): when the caller has them (:class:`kvconv.join.runs.Runs`)."""
         if not n:
             return
         if lens is None:

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvconv.check.reconcile.count import gridid_contradicts
-from kvconv.check.reconcile.events import BLOCK_ENTER, SEQ_LIMIT, Drops
-from kvconv.check.reconcile.exact import Match
 from kvconv.check.reconcile.ordered import Layout, Ordered, Placer, finish, offsets_of
 from kvconv.check.reconcile.tally import Tally, TallyBuilder
 from kvconv.format import layout
+from kvconv.join.events import BLOCK_ENTER, SEQ_LIMIT, Drops
+from kvconv.join.exact import Match
 
 _GID = np.uint8(layout.ENUMS["event_flags"]["has_gridid"])
 

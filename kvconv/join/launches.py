@@ -1,5 +1,5 @@
 """The launch table: every host launch record of one context as one set of columns, shared by reconcile and the
-emitters (one table, one dedup, one node order, one exact join over it: :mod:`kvconv.check.reconcile.exact`).
+emitters (one table, one dedup, one node order, one exact join over it: :mod:`kvconv.join.exact`).
 
     >>> t = LaunchTable.load(d, ctx)                      # doctest: +SKIP
     >>> t.kind[t.in_order(~t.upload)][:3], t.dup.sum()   # eager launches first when reported
@@ -124,8 +124,8 @@ def _columns(d, ctx: int, fields: tuple = _FIELDS) -> tuple[dict, int, int]:
     """The host records' ``fields`` as compact columns (graph nodes, then eager launches, each in record order),
     read from the mapped records a chunk at a time: no copy of whole records is made (a record is 96 bytes, the
     table's columns 76 of them) and, on large dumps, each chunk's pages are given back once copied."""
-    from kvconv.check.reconcile import RELEASE_BYTES
     from kvconv.format.dump import release_pages
+    from kvconv.join.events import RELEASE_BYTES
 
     gn = d.groups_of("graph_node", context_id=ctx)
     el = d.groups_of("eager_launch", context_id=ctx)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check._runs import run_starts
-from kvconv.check.reconcile._notes import Notes, hexs, plural, ranges
-from kvconv.check.reconcile.events import BLOCK_ENTER, Events
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short, launch_name
 from kvconv.format import layout
+from kvconv.join.events import BLOCK_ENTER, Events
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short, launch_name
+from kvconv.join.notes import Notes, hexs, plural, ranges
+from kvconv.join.runs import run_starts
 
 _EVF = layout.ENUMS["event_flags"]
 JOIN_NONE, JOIN_EXACT, JOIN_ORDERED = 0, 1, 2

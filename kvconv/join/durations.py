@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile._notes import hexs
-from kvconv.check.reconcile.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short
 from kvconv.format import layout
+from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short
+from kvconv.join.notes import hexs
 
 _EVK = layout.ENUMS["event_kind"]
 _EVF = layout.ENUMS["event_flags"]
@@ -268,8 +268,8 @@ class LaunchDurations:
 
 def launch_durations(d, ctx: int, *, t: LaunchTable | None = None, xj=None, chunk: int | None = None) -> Durations:
     """The durations of one context of an opened dump, in one read of its device events."""
-    from kvconv.check.reconcile import CHUNK, event_chunks
-    from kvconv.check.reconcile.exact import ExactJoin
+    from kvconv.join.events import CHUNK, event_chunks
+    from kvconv.join.exact import ExactJoin
 
     t = LaunchTable.load(d, ctx) if t is None else t
     ld = LaunchDurations(t, ExactJoin(t) if xj is None else xj)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.check.reconcile._notes import Notes
 from kvconv.format import layout
 from kvconv.format.errors import SchemaError
+from kvconv.join.notes import Notes
 
 _EV_FLAGS = layout.ENUMS["event_flags"]
 BLOCK_ENTER = layout.ENUMS["event_kind"]["block_enter"]
@@ -104,7 +104,7 @@ class Drops:
 
     def loss(self) -> str:
         """Why device events may be missing anywhere: dropped by the device, lost when the file was cut short."""
-        from kvconv.check.reconcile._notes import plural
+        from kvconv.join.notes import plural
 
         dropped, lost = self.device - self.device_lost, self.device_lost
         parts = ([f"the device dropped {plural(dropped, 'event')}"] if dropped else []) + (
@@ -138,3 +138,23 @@ def load_drops(d, ctx: int, notes: Notes) -> Drops:
             notes.add("warning", "drop-counters-differ", f"{kind}: group header drop_count {dd['header']:,} but "
                       f"metadata counter says {dd['counter']:,}; using the larger", listed=False)
     return Drops(out)
+
+
+RELEASE_BYTES = 256 << 20  # dumps larger than this give read pages back (the emitters' threshold too)
+CHUNK = 1 << 16  # device events per chunk of the streaming pass (4 MiB)
+
+
+def event_chunks(d, ctx: int, size: int = CHUNK):
+    """``(first index, records)`` over a context's device events, giving the pages of each chunk back once the
+    next is asked for on large dumps (:func:`kvconv.format.dump.release_pages`)."""
+    from kvconv.format.dump import release_pages
+
+    release = d.size > RELEASE_BYTES
+    base = 0
+    for g in d.groups_of("device_event", context_id=ctx):
+        rs = int(g.header["record_size"])
+        for s, view in g.chunks(size):
+            yield base + s, view
+            if release:
+                release_pages(d._mm, g.payload_offset + s * rs, len(view) * rs)
+        base += len(g.records)

@@ -1,0 +1,6 @@
+"""The launch table and the joins it stands on, below both the checks and the emitters: one context's host launch
+records as columns (:mod:`~kvconv.join.launches`), its device events loaded and walked in chunks
+(:mod:`~kvconv.join.events`), the runs of one launch's events (:mod:`~kvconv.join.runs`), the exact join of device
+events to host launches (:mod:`~kvconv.join.exact`) and the block pairing and launch durations
+(:mod:`~kvconv.join.durations`). It imports neither :mod:`kvconv.check` nor :mod:`kvconv.emit`.
+"""
