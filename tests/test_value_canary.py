@@ -8,6 +8,7 @@ The engine: two layers, K and V caches of 16 pages x 4 slots x 8 int16; request 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
@@ -450,3 +451,36 @@ def test_damaged_value_records_are_read_without_a_traceback(tmp_path):
                 ["arrow", p, "-o", tmp_path / "a"]):
         out = run_cli(*cmd)
         assert "Traceback" not in out.stderr and out.returncode in (0, 1), (cmd, out.stderr)
+
+
+def test_fused_switch_is_read_at_construction_and_numpy_keeps_its_path(tmp_path, monkeypatch):
+    """``fused``: None (auto) unless KVCONV_VALUE_FUSED=0 at construction; host caches never take the fused (CUDA)
+    path, whatever it says, and record the same (the fused path itself: tests/test_value_digest_gpu.py)."""
+    monkeypatch.setenv("KVCONV_VALUE_FUSED", "0")
+    off = ValueProbe(tmp_path / "off.kvdump")
+    monkeypatch.setenv("KVCONV_VALUE_FUSED", "1")
+    probes = [ValueProbe(tmp_path / "auto.kvdump"), ValueProbe(tmp_path / "on.kvdump", fused=True), off]
+    monkeypatch.delenv("KVCONV_VALUE_FUSED")
+    assert [p.fused for p in probes] == [None, True, False]
+    assert ValueProbe(tmp_path / "x.kvdump", fused=False).fused is False
+    cache = np.zeros((NPAGES, PAGE, N), np.int16)
+    for p in probes:
+        p.watch(cache, name="c", page_size=PAGE)
+    for step in range(2):
+        slots = np.array([4 + step, 9, -1])
+        rows = _rows(step, 0, 3, bf16=False)
+        with contextlib.ExitStack() as stack:
+            for p in probes:
+                stack.enter_context(p.step(step, slots, [1, 2, 0], expect={"c": rows}))
+            cache.reshape(-1, N)[slots[:2]] = rows[:2]
+            cache.reshape(-1, N)[9, 0] += 1
+    recs = []
+    for p in probes:
+        p.close()
+        assert (p.steps, p.fused_steps) == (2, 0)
+        with dump.open(p.recorder.path) as d:
+            recs.append(d.records("value_digest"))
+    for r in recs[1:]:
+        for field in r.dtype.names:
+            assert field == "host_ns" or (r[field] == recs[0][field]).all(), field
+    assert [int(x["slot"]) for x in recs[0] if x["expected"] != x["actual"]] == [9, 9]

@@ -24,6 +24,15 @@ device, queued on the current stream; torch is never imported here: a tensor is 
 reads the digests back once (one synchronisation). Rows are compared bit for bit as stored: give rows in the
 cache's dtype (after the engine's own conversion), or use the eager reference.
 
+The fused path (``ValueProbe(fused=...)``; default: where it applies, unless KVCONV_VALUE_FUSED=0): done with torch
+ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwise int64 ops, a cat), +16 % to
++59 % of a 6.3 ms 40-layer decode step on an H200 (bench/value_digest_cost.py; the goal is 5 %). Where every
+watched cache is a torch CUDA tensor on one device with 8-byte aligned slots of a multiple of 8 bytes, a Triton
+kernel (:mod:`kvconv.capture.probe._digest_triton`, imported only then) digests rows in place from their byte
+addresses, computed on the host: one launch before the step (the slots, the source rows), one after (the slots,
+the given rows), one copy back. Its digests are the same bits; rows it cannot address (on the host, unaligned, not
+contiguous within a row) and the eager reference take the torch path within the same step.
+
     >>> import numpy as np
     >>> rows = np.arange(12, dtype=np.int16).reshape(3, 4)
     >>> d = digest_rows(rows)
@@ -34,6 +43,7 @@ cache's dtype (after the engine's own conversion), or use the eager reference.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -258,21 +268,130 @@ def _pools(caches: list[_Cache]) -> list[tuple[list[_Cache], object]]:
     return out
 
 
+@functools.cache
+def _kernel():
+    """The fused path's launcher (kvconv.capture.probe._digest_triton.digest_addresses), None without triton."""
+    try:
+        from kvconv.capture.probe import _digest_triton
+    except ImportError:
+        return None
+    return _digest_triton.digest_addresses
+
+
+def _check_rows(c: _Cache, rows, tok) -> None:
+    """Refuse rows handed over for cache ``c`` that do not cover the step's checked tokens or are not a slot wide."""
+    n, k = int(rows.shape[0]), len(tok)
+    if k and int(tok[-1]) >= n:
+        raise ValueError(f"cache {c.name!r}: {n} rows given for a step mapping token {int(tok[-1])}")
+    width = _width(rows)
+    if width != c.slot_bytes:
+        raise ValueError(f"cache {c.name!r}: a row is {width} bytes, a slot {c.slot_bytes}")
+
+
+def _row_layout(rows, device):
+    """(address of row 0, bytes from a row to the next) of torch ``rows`` ([n, ...]) on ``device`` whose every
+    row lies contiguous and 8-byte aligned (the K columns of a QKV output, say), else None (the torch path)."""
+    if not _is_torch(rows) or rows.device != device:
+        return None
+    shape, strides = rows.shape, rows.stride()
+    want = 1
+    for size, st in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if size != 1 and st != want:
+            return None
+        want *= size
+    if rows.dtype.is_complex and (rows.is_conj() or rows.is_neg()):  # lazily conjugated: not the bytes stored
+        return None
+    ptr, step = int(rows.data_ptr()), int(strides[0]) * int(rows.element_size())
+    return None if ptr % 8 or step % 8 else (ptr, step)
+
+
+class _FusedStep:
+    """One step's digests by the fused kernel: rows given by byte address ([C, k] per group of caches), queued and
+    launched (one launch per phase and row width) into one device buffer of int64 digests, read back once."""
+
+    def __init__(self, kernel, device, capacity: int) -> None:
+        import torch
+
+        self.kernel, self.device, self.torch = kernel, device, torch
+        self.buf = torch.empty(capacity, dtype=torch.int64, device=device)
+        self.used, self.parts, self.queued = 0, [], {}
+
+    def add(self, tag: str, cids: list, addrs: np.ndarray, words: int) -> None:
+        self.queued.setdefault(words, []).append((tag, cids, addrs))
+
+    def launch(self) -> None:
+        for words, items in self.queued.items():
+            flat = np.concatenate([a.reshape(-1) for *_x, a in items])
+            at = self.used
+            for tag, cids, a in items:
+                self.parts.append((tag, cids, at, int(a.shape[1])))
+                at += a.size
+            if len(flat):  # one pinned host -> device copy of the addresses, then one launch
+                dev = self.torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
+                self.kernel(dev, self.buf[self.used:at], words)
+            self.used = at
+        self.queued = {}
+
+    def read(self) -> dict:
+        """{tag: {cache id: digests (numpy)}} of every tag, after one device -> host copy (the synchronisation)."""
+        host = self.buf[: self.used].cpu().numpy()
+        out: dict = {tag: {} for tag in ("before", "after", "given", "eager", "source")}
+        for tag, cids, at, k in self.parts:
+            out[tag].update(zip(cids, host[at:at + len(cids) * k].reshape(len(cids), k)))
+        return out
+
+
+def _by_tokens(items):
+    """Group ``(cache, value, tok)`` by the checked tokens' array (one per live key) and slot width."""
+    groups: dict = {}
+    for c, v, tok in items:
+        g = groups.setdefault((id(tok), c.slot_bytes), (tok, c.slot_bytes, [], []))
+        g[2].append(c.cache_id)
+        g[3].append(v)
+    return groups.values()
+
+
+def _queue_slots(run: _FusedStep, tag: str, live, slots: np.ndarray) -> None:
+    """Queue the step's checked slots of every cache: address ``base + slot * slot_bytes``, one numpy op a group."""
+    for tok, sb, cids, bases in _by_tokens((c, c.base, tok) for c, (tok, _i) in live):
+        run.add(tag, cids, np.asarray(bases, np.int64)[:, None] + slots[tok][None, :] * sb, sb // 8)
+
+
+def _queue_rows(run: _FusedStep, tag: str, items) -> list:
+    """Queue handed-over rows (``items``: (cache, rows, checked tokens)) that the kernel can address; returns the
+    others, for the torch path. Raises as :meth:`ValueProbe._rows_words` does for rows that do not fit."""
+    fast, slow = [], []
+    for c, rows, tok in items:
+        _check_rows(c, rows, tok)
+        at = _row_layout(rows, run.device)
+        (slow if at is None else fast).append((c, rows, tok) if at is None else (c, at, tok))
+    for tok, sb, cids, ats in _by_tokens(fast):
+        ptr, step = (np.asarray(x, np.int64)[:, None] for x in zip(*ats))
+        run.add(tag, cids, ptr + tok.astype(np.int64)[None, :] * step, sb // 8)
+    return slow
+
+
 class ValueProbe(RecorderOwner):
     """Watches caches and records, per step, the digests of every mapped slot (see the module docstring).
 
     ``out``: a dump path (a :class:`~kvconv.capture.probe.writer.CanaryRecorder` is made for it) or a recorder
     shared with the location canary (one dump for both). ``before=False`` skips the digest of the slots before the
     step (cheaper; a slot not written then reads as a wrong value). ``timings``: per step, host ns spent by the probe
-    before the step and after it (the second includes waiting for the step's work on the device).
+    before the step and after it (the second includes waiting for the step's work on the device). ``fused``: the
+    Triton path for torch CUDA caches (module docstring): None where it applies and triton imports, unless the
+    environment has KVCONV_VALUE_FUSED=0 (read here); False never; True where it applies, an error without triton.
+    The records are the same either way; ``fused_steps`` counts the steps it took.
     """
 
     def __init__(self, out, *, metadata: dict | None = None, context_id: int = 0, device_id: int = 0,
-                 before: bool = True) -> None:
+                 before: bool = True, fused: bool | None = None) -> None:
         if isinstance(out, (str, os.PathLike)):
             out = CanaryRecorder(out, context_id=context_id, device_id=device_id, metadata=metadata)
         self.recorder = out
         self.before = before
+        self.fused = False if fused is None and os.environ.get("KVCONV_VALUE_FUSED") == "0" else fused
+        self.fused_steps = 0
+        self._fused_dev = None  # (device or None) once decided for the watched caches
         self.caches: list[_Cache] = []
         self.timings: list[tuple[int, int]] = []
         self._expect: dict[int, tuple[int, object]] = {}  # cache id -> (step, rows)
@@ -292,7 +411,7 @@ class ValueProbe(RecorderOwner):
                    source=source)
         self.caches.append(c)
         self._by_name[name] = c
-        self._plan = None
+        self._plan = self._fused_dev = None
         self.recorder.add_cache(cache_id=c.cache_id, name=name, base=c.base, size=c.num_slots * c.slot_bytes,
                                 slot_bytes=c.slot_bytes, page_size=c.page_size)
         return c.cache_id
@@ -329,10 +448,44 @@ class ValueProbe(RecorderOwner):
         for name, rows in (expect or {}).items():
             self.expect_values(step, name, rows)
         t0 = time.perf_counter_ns()
+        dev = self._fused_device() if eager is None else None
         memo: dict = {}
-        live = [(c, self._live(c, slots, pads, memo)) for c in self.caches]
-        # before the step only copies are taken (the slots, the source rows, the eager run's slots); every digest
-        # of the step is made after it, in one pass
+        live = [(c, self._live(c, slots, pads, memo, dev is None)) for c in self.caches]
+        run = None
+        if dev is not None:
+            run = _FusedStep(_kernel(), dev, 4 * sum(len(tok) for _c, (tok, _i) in live))
+            chunks = self._fused_before(run, live, slots)
+        else:
+            chunks = self._before(live, eager)
+        t1 = time.perf_counter_ns()
+        try:
+            yield self
+        except BaseException:
+            self._expect.clear()
+            self._step = None
+            raise
+        t2 = time.perf_counter_ns()
+        given = []
+        for c, (tok, _idx) in live:
+            step_rows = self._expect.pop(c.cache_id, None)
+            if step_rows is not None and step_rows[0] == int(step):
+                given.append((c, step_rows[1], tok))
+        if run is None:
+            chunks["after"] = self._gather(live)
+            chunks["given"] = self._rows_words(given)
+            host = _read_back(_digest_all(chunks))  # the step's one digest pass and one synchronisation
+        else:
+            host = self._fused_after(run, live, slots, given, chunks)
+        self._record(step, live, slots, reqs, host)
+        self._expect.clear()
+        self._step = None
+        self.steps += 1
+        self.fused_steps += run is not None
+        self.timings.append((t1 - t0, time.perf_counter_ns() - t2))
+
+    def _before(self, live, eager) -> dict:
+        """The torch/numpy path before the step: only copies are taken (the slots, the source rows, the eager run's
+        slots); every digest of the step is made after it, in one pass."""
         chunks: dict = {"before": self._gather(live) if self.before else []}
         chunks["source"] = self._rows_words([(c, c.source, tok) for c, (tok, _) in live if c.source is not None])
         chunks["eager"] = []
@@ -342,35 +495,53 @@ class ValueProbe(RecorderOwner):
             chunks["eager"] = _word_chunks({c.cache_id: _Cache(copies[c.name], name=c.name, cache_id=c.cache_id,
                                                                page_size=c.page_size, slot_bytes=c.slot_bytes,
                                                                source=None).gather(idx) for c, (_, idx) in live})
-        t1 = time.perf_counter_ns()
-        try:
-            yield self
-        except BaseException:
-            self._expect.clear()
-            self._step = None
-            raise
-        t2 = time.perf_counter_ns()
-        chunks["after"] = self._gather(live)
-        given = []
-        for c, (tok, _idx) in live:
-            step_rows = self._expect.pop(c.cache_id, None)
-            if step_rows is not None and step_rows[0] == int(step):
-                given.append((c, step_rows[1], tok))
-        chunks["given"] = self._rows_words(given)
-        host = _read_back(_digest_all(chunks))  # the step's one digest pass and one synchronisation
-        self._record(step, live, slots, reqs, host)
-        self._expect.clear()
-        self._step = None
-        self.steps += 1
-        self.timings.append((t1 - t0, time.perf_counter_ns() - t2))
+        return chunks
 
-    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray, memo: dict):
-        """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device),
-        made once per step for every cache of one size on one device."""
+    def _fused_device(self):
+        """The CUDA device of the watched caches where the fused path applies to them (decided once), else None."""
+        if self._fused_dev is None:
+            cs, dev = self.caches, False
+            if self.fused is not False and cs and all(c.torch and c.tensor.is_cuda and c.slot_bytes % 8 == 0
+                                                      and c.base % 8 == 0 for c in cs):
+                devs = {c.tensor.device for c in cs}
+                if len(devs) == 1 and _kernel() is not None:
+                    dev = devs.pop()
+                elif len(devs) == 1 and self.fused:
+                    raise RuntimeError("ValueProbe(fused=True): triton cannot be imported")
+            self._fused_dev = dev
+        return self._fused_dev or None
+
+    def _fused_before(self, run: _FusedStep, live, slots: np.ndarray) -> dict:
+        """Before the step: one launch digests the checked slots (unless ``before=False``) and the source rows in
+        place; source rows the kernel cannot address are copied for the torch path (returned as chunks)."""
+        if self.before:
+            _queue_slots(run, "before", live, slots)
+        slow = _queue_rows(run, "source", [(c, c.source, tok) for c, (tok, _) in live if c.source is not None])
+        run.launch()
+        return {"source": self._rows_words(slow)}
+
+    def _fused_after(self, run: _FusedStep, live, slots: np.ndarray, given: list, chunks: dict) -> dict:
+        """After the step: one launch over the slots and the given rows (referenced by ``given`` until read back),
+        one copy back; rows the kernel cannot address go the torch path and are merged in."""
+        _queue_slots(run, "after", live, slots)
+        chunks["given"] = self._rows_words(_queue_rows(run, "given", given))
+        run.launch()
+        host = run.read()
+        if any(chunks.values()):
+            for tag, got in _read_back(_digest_all(chunks)).items():
+                host[tag].update(got)
+        return host
+
+    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray, memo: dict, index: bool = True):
+        """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device;
+        not for the fused path: ``index=False``, None), made once per step for every cache of one size on one
+        device."""
         key = c.live_key
         if key not in memo:
             tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
-            if c.torch:
+            if not index:
+                memo[key] = tok, None
+            elif c.torch:
                 import torch
 
                 memo[key] = tok, torch.as_tensor(slots[tok], dtype=torch.int64).to(c.tensor.device, non_blocking=True)
@@ -416,11 +587,7 @@ class ValueProbe(RecorderOwner):
         out = []
         for (t, _dev, _dt, shape, sb, _id), (cs, rl, tok) in groups.items():
             n, k = int(shape[0]), len(tok)
-            if k and int(tok[-1]) >= n:
-                raise ValueError(f"cache {cs[0].name!r}: {n} rows given for a step mapping token {int(tok[-1])}")
-            width = _width(rl[0])
-            if width != sb:
-                raise ValueError(f"cache {cs[0].name!r}: a row is {width} bytes, a slot {sb}")
+            _check_rows(cs[0], rl[0], tok)
             if not k:
                 out.append(([c.cache_id for c in cs], None, 0))
                 continue
