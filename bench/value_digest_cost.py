@@ -14,11 +14,15 @@ Per variant, ``--steps`` pairs of timed steps (after ``--warmup``), each ``repla
 reads its sampled tokens back does, alternately without and with the probe around it (wall clock, median;
 ``probe_before_ms``: the probe's work before the replay, ``probe_after_incl_step_ms``: after the replay was queued
 until the records were made, the step's own device time included):
-  pooled        the 2 x layers caches are views of one pool tensor: one gather for all of them (the probe sees it)
-  apart         every cache its own tensor: one gather per cache, then one digest over all
+  pooled        the 2 x layers caches are views of one pool tensor
+  apart         every cache its own tensor
   pooled-after  pooled, without the digest before the step (before=False: a missed write then reads as wrong value)
-The probe digests, per step, the expected rows (the K/V the step wrote, given with ``expect=``), and the slots after
-(and before) the step: 3 x 2 x layers x batch rows of 2 KiB. Prints one JSON document.
+each with the probe's fused path (a Triton kernel digesting the rows in place from their addresses: one launch
+before the step, one after, one copy back) and, as ``<variant>-unfused``, with its torch path (``fused=False``: a
+gather for the pooled caches or one per cache, then one digest pass over all), in the same process. ``path`` says
+which one the probe took on every step ("fused" or "torch"; the fused variants fall back to "torch" on the CPU or
+without triton). The probe digests, per step, the expected rows (the K/V the step wrote, given with ``expect=``),
+and the slots after (and before) the step: 3 x 2 x layers x batch rows of 2 KiB. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -92,8 +96,8 @@ def run_variant(args, torch, name: str) -> dict:
     from kvconv.capture.probe.values import ValueProbe
     from kvconv.capture.probe.writer import CanaryRecorder
 
-    pooled = name != "apart"
-    caches, outs, slots, replay = build(args, torch, pooled)
+    base_name = name.removesuffix("-unfused")
+    caches, outs, slots, replay = build(args, torch, base_name != "apart")
     B, P = args.batch, args.page_size
     step_slots = [(1 + 2 * r) * P for r in range(B)]  # row r writes the first slot of its own page
 
@@ -104,7 +108,7 @@ def run_variant(args, torch, name: str) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         rec = CanaryRecorder(os.path.join(tmp, "v.kvdump"))
-        vp = ValueProbe(rec, before=name != "pooled-after")
+        vp = ValueProbe(rec, before=base_name != "pooled-after", fused=False if name.endswith("-unfused") else None)
         names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
         for c, n in zip(caches, names):
             vp.watch(c, name=n, page_size=P)
@@ -132,7 +136,9 @@ def run_variant(args, torch, name: str) -> dict:
             records = len(v)
     warm = vp.timings[args.warmup:]
     med_b, med_p = statistics.median(base), statistics.median(probed)
-    return {"variant": name, "step_ms": round(med_b / 1e6, 4), "step_with_probe_ms": round(med_p / 1e6, 4),
+    path = "fused" if vp.fused_steps == vp.steps else "torch" if not vp.fused_steps else "mixed"
+    return {"variant": name, "path": path, "step_ms": round(med_b / 1e6, 4),
+            "step_with_probe_ms": round(med_p / 1e6, 4),
             "overhead_pct": round(100 * (med_p - med_b) / med_b, 2),
             "probe_before_ms": round(statistics.median(t for t, _ in warm) / 1e6, 4),
             "probe_after_incl_step_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
@@ -154,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--variants", default="pooled,apart,pooled-after")
+    ap.add_argument("--variants", default="pooled,pooled-unfused,apart,apart-unfused,pooled-after,pooled-after-unfused")
     ap.add_argument("--small", action="store_true", help="a tiny shape for a smoke run (CPU)")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)

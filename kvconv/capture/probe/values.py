@@ -30,8 +30,9 @@ ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwis
 watched cache is a torch CUDA tensor on one device with 8-byte aligned slots of a multiple of 8 bytes, a Triton
 kernel (:mod:`kvconv.capture.probe._digest_triton`, imported only then) digests rows in place from their byte
 addresses, computed on the host: one launch before the step (the slots, the source rows), one after (the slots,
-the given rows), one copy back. Its digests are the same bits; rows it cannot address (on the host, unaligned, not
-contiguous within a row) and the eager reference take the torch path within the same step.
+the given rows), one copy back. Its digests are the same bits, so the records are too; rows it cannot address
+(on the host, unaligned, not contiguous within a row) take the torch path within the same step, and a step with
+an eager reference takes it whole.
 
     >>> import numpy as np
     >>> rows = np.arange(12, dtype=np.int16).reshape(3, 4)
@@ -326,6 +327,7 @@ class _FusedStep:
             for tag, cids, a in items:
                 self.parts.append((tag, cids, at, int(a.shape[1])))
                 at += a.size
+            assert at <= self.buf.numel(), "more rows than the step's digest buffer holds"
             if len(flat):  # one pinned host -> device copy of the addresses, then one launch
                 dev = self.torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
                 self.kernel(dev, self.buf[self.used:at], words)
