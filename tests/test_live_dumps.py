@@ -27,9 +27,41 @@ def _gunzip(gz: Path, tmp_path: Path) -> Path:
     return out
 
 
-def test_the_four_live_fixtures_are_there():
-    assert [p.parent.name for p in DEATHS] == ["h200-death-abort", "h200-death-os-exit", "h200-death-sigkill",
-                                               "h200-death-sigsegv"]
+def test_the_five_live_fixtures_are_there():
+    assert [p.parent.name for p in DEATHS] == ["h200-death-abort", "h200-death-os-exit", "h200-death-os-exit-now",
+                                               "h200-death-sigkill", "h200-death-sigsegv"]
+
+
+def test_os_exit_inside_the_flush_period_is_incomplete_not_failed(tmp_path):
+    """Issue 27 (was: INVALID, 'missing-blocks on eager launch #2'): an H200 program that called
+    torch.cuda.synchronize(); os._exit(0) right after its last target launch (1 ms flush period). Its last 12 graph
+    nodes' events never reached the file, and the device group's drop_count says so: INCOMPLETE (exit 5), one
+    incident for the one cause, no error; every launched block is either in the file or counted."""
+    fix = ROOT / "fixtures" / "h200-death-os-exit-now"
+    d = _gunzip(fix / "h200-death-os-exit-now.kvdump.gz", tmp_path)
+    r = run_cli("validate", d.name, cwd=tmp_path)
+    assert r.returncode == 5, r
+    assert r.stdout == (fix / "expected" / "validate.txt").read_text()
+    assert "\nerror " not in r.stdout and "(0 errors, 14 warnings; 2 incidents;" in r.stdout
+    launched = json.loads((fix / "workload.stdout.json").read_text())["expected"]["device_events"]
+    g = json.loads(run_cli("info", "--json", d).stdout)["dumps"][0]["result"]["totals"]["device_event"]
+    assert (g["records"], g["drops"]) == (148, 12) and g["records"] + g["drops"] == launched == 160, g
+    assert run_cli("report", d, "-o", tmp_path / "r.html").returncode == 5  # the verdict's table (docs/CLI.md)
+    r = run_cli("reconcile", d)  # its own part: the 12 launches are warnings, not missing blocks
+    assert r.returncode == 0 and "missing-blocks" not in r.stdout and r.stdout.count("unflushed-blocks") == 12, r
+
+
+@pytest.mark.parametrize("published, drops, code, rc", [(148, 12, "lost-at-end", 5), (160, 4096, "dropped", 1)])
+def test_a_live_groups_drops_are_lost_at_the_end_while_they_fit_in_its_capacity(tmp_path, published, drops, code, rc):
+    """drop_count of a live group counts records refused for want of room and those not yet copied when the
+    producer died; only the part beyond the capacity can have been refused (160 published + 4,096 counted in a
+    4,096-record buffer: 160 dropped, an error); within it they were lost at the end (a warning, incomplete)."""
+    d = _live_cut(tmp_path, published, drops=drops)
+    r = run_cli("validate", "--all", d)
+    assert r.returncode == rc, r
+    assert f" {code} " in r.stdout, r.stdout
+    if code == "dropped":
+        assert "dropped 160 device_event records (of 4,096 counted lost, the rest at the producer's end)" in r.stdout
 
 
 @pytest.mark.parametrize("gz", DEATHS, ids=[p.parent.name for p in DEATHS])
@@ -142,11 +174,12 @@ def test_a_compressed_dump_cut_or_damaged(tmp_path):
     assert r.returncode == 2 and "bzip2-compressed and cut short before anything could be decompressed" in r.stderr
 
 
-def _live_cut(tmp_path: Path, published: int, *, eager0_grid: int | None = None) -> Path:
+def _live_cut(tmp_path: Path, published: int, *, eager0_grid: int | None = None, drops: int | None = None) -> Path:
     """The os._exit fixture (a live dump: 160 device events, 4 eager launches of 37 blocks then 12 one-block graph
     nodes) as if the producer had died after publishing only ``published`` device events (a live header's
     record_count is outside its header checksum: the producer stores it in place); ``eager0_grid``: eager launch
-    #0's grid_x (a live group has no payload checksum to contradict it)."""
+    #0's grid_x (a live group has no payload checksum to contradict it); ``drops``: the device group's drop_count
+    (outside the live header's checksum too)."""
     from kvconv.format import dump, layout
 
     d = _gunzip(ROOT / "fixtures/h200-death-os-exit/h200-death-os-exit.kvdump.gz", tmp_path)
@@ -155,9 +188,12 @@ def _live_cut(tmp_path: Path, published: int, *, eager0_grid: int | None = None)
         g = dd.groups_of("device_event")[0]
         el = dd.groups_of("eager_launch")[0]
         at, eager_at = g.offset + f.offset, el.payload_offset + layout.LAYOUTS["host_launch"].field("grid_x").offset
-        assert g.live and g.record_count == 160
+        drop_at = g.offset + layout.LAYOUTS["header"].field("drop_count").offset
+        assert g.live and g.record_count == 160 and g.capacity == 4096
     raw = bytearray(d.read_bytes())
     raw[at : at + f.size] = published.to_bytes(f.size, "little")
+    if drops is not None:
+        raw[drop_at : drop_at + 8] = drops.to_bytes(8, "little")
     if eager0_grid is not None:
         raw[eager_at : eager_at + 4] = eager0_grid.to_bytes(4, "little")
     d.write_bytes(raw)

@@ -84,13 +84,29 @@ def _check_headers(d: dumpmod.Dump, c: _Collector) -> None:
             c.add("error", "count-exceeds-capacity", f"record_count {g.record_count} exceeds capacity {g.capacity}",
                   group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
         if g.drop_count:
-            c.add("error", "dropped", f"the producer dropped {g.drop_count:,} {g.kind_name} records "
-                  f"(capacity {g.capacity:,}); raise the capacity and record again",
-                  group=g.index, offset=g.offset + hdr.field("drop_count").offset, field="header.drop_count")
+            _check_drops(g, c, g.offset + hdr.field("drop_count").offset)
         if g.lost_records:
             c.add("warning", "salvaged-loss", f"{g.lost_records:,} {g.kind_name} records lost to truncation (the "
                   "file was cut short; not dropped by the producer)",
                   group=g.index, offset=g.offset + hdr.field("record_count").offset, field="header.record_count")
+
+
+def _check_drops(g, c: _Collector, offset: int) -> None:
+    """A group's drop_count. A live group (its producer died) counts in it the records not yet in the file when the
+    producer ended (device events launched after the flusher's last copy, host rows being written) as well as those
+    refused for want of room; while the published and the counted ones fit in the capacity, none can have been
+    refused (a full buffer is the only way to drop): they were lost at the producer's end (``lost-at-end``: the
+    verdict is incomplete, as for every unfinished dump), not dropped."""
+    over = g.record_count + g.drop_count - g.capacity if g.capacity else g.drop_count
+    if g.live and over <= 0:
+        c.add("warning", "lost-at-end", f"{g.drop_count:,} {g.kind_name} records were not yet in the file when the "
+              f"producer ended ({g.record_count:,} published of a capacity of {g.capacity:,}: none refused for want "
+              "of room); lost at its end, not dropped", group=g.index, offset=offset, field="header.drop_count")
+        return
+    n = min(g.drop_count, over) if g.live else g.drop_count
+    more = f" (of {g.drop_count:,} counted lost, the rest at the producer's end)" if n < g.drop_count else ""
+    c.add("error", "dropped", f"the producer dropped {n:,} {g.kind_name} records{more} (capacity {g.capacity:,}); "
+          "raise the capacity and record again", group=g.index, offset=offset, field="header.drop_count")
 
 
 HOST_CHUNK = 1 << 16  # host records checked (and their pages given back) at a time: 6 MiB

@@ -37,6 +37,7 @@ EXIT_CODES: dict[str, int] = {k: int(v["exit"]) for k, v in _TABLE.items()}
 _WRITE_CODES = ("writes-unmapped-slot", "writes-missing-slot", "writes-outside-cache")
 _CANARY_CODES = ("canary-unexpected-write", "canary-missing-write")
 _VALUE_CODES = ("canary-wrong-value", "canary-value-not-written")  # kvconv.check.canary.value
+_END_CODES = ("unflushed-blocks", "lost-at-end")  # one cause: the producer died before its last events were copied
 
 
 def exit_table() -> str:
@@ -169,6 +170,8 @@ def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
 
         fam = value.incidents(d)
         grouped.update(dict.fromkeys(_VALUE_CODES, fam))
+    if have & set(_END_CODES):
+        grouped.update(dict.fromkeys(_END_CODES, _end_incident(findings)))
     out: list[dict] = []
     placed: set[int] = set()
     for f in findings:
@@ -180,6 +183,25 @@ def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
         elif f.severity != "info":
             out.append(_incident(f.severity, f.code, f.line(), 1))
     return out
+
+
+def _end_incident(findings: list[Finding]) -> list[dict]:
+    """Every launch whose blocks were lost at a dead producer's end, and its count of records not yet in the file,
+    as one incident: one cause, named at the first such launch."""
+    lost = [f for f in findings if f.code == "unflushed-blocks"]
+    counted = [f for f in findings if f.code == "lost-at-end"]
+    records = sum(int(f.message.split()[0].replace(",", "")) for f in counted if f.message.split()[0][:1].isdigit())
+    first = (lost or counted)[0]
+    at = ", ".join(x for x in (first.path and str(first.path), first.offset is not None and f"byte {first.offset}",
+                               first.group is not None and f"group {first.group}"
+                               + (f" record {first.record}" if first.record is not None else "")) if x)
+    parts = [f"{len(lost):,} of its last launches lost their blocks ({at} on)"] if lost else []
+    if records:
+        parts.append(f"{records:,} records were not yet in the file")
+    msg = "the producer ended before the tracer copied its last events out: " + " and ".join(parts) + \
+        "; lost at its end, not a fault of the GPU"
+    return [_incident("warning", "unflushed-blocks" if lost else "lost-at-end", msg, len(lost) + len(counted),
+                      path=first.path, group=first.group, record=first.record)]
 
 
 def line(incident: dict) -> str:
