@@ -257,13 +257,18 @@ def inner(args) -> dict:
 
     t0 = time.perf_counter()
     graphs, _inputs = capture(torch, args.works, args.layers)
+    for w in args.drop:  # replayed once, then destroyed before any timing (issue 31: does a live second exec matter?)
+        graphs[w].replay()
+        torch.cuda.synchronize()
+        graphs.pop(w).reset()
+    torch.cuda.synchronize()
     _extra = _process_shape(torch, args)  # alive until the process ends
     t_setup = time.perf_counter() - t0
     cpu = _sleep_cycles_per_us(torch)
     out = {"iters": args.iters, "layers": args.layers, "setup_s": round(t_setup, 2),
            "traced": bool(os.environ.get("CUDA_INJECTION64_PATH")), "profiler": args.profiler, "modes": {},
            "sleep_cycles_per_us": round(cpu, 1), "blocked": args.blocked, "extra_eager": args.extra_eager,
-           "ballast_gb": args.ballast_gb}
+           "ballast_gb": args.ballast_gb, "dropped": args.drop}
     prime_us = 0.0
     for mode in args.modes:
         if mode == "primed":  # long enough to cover the slowest host replay seen so far, 2 ms at least
@@ -374,7 +379,8 @@ def outer(args) -> int:
             cmd = [sys.executable, __file__, "--inner", "--iters", str(args.iters), "--warmup", str(args.warmup),
                    "--layers", str(args.layers), "--works", *args.works, "--modes", *args.modes,
                    "--ballast-gb", str(args.ballast_gb), *(["--blocked"] if args.blocked else []),
-                   *(["--extra-eager", *args.extra_eager] if args.extra_eager else []), *extra]
+                   *(["--extra-eager", *args.extra_eager] if args.extra_eager else []),
+                   *(["--drop", *args.drop] if args.drop else []), *extra]
             t = time.perf_counter()
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -413,6 +419,8 @@ def main() -> int:
     ap.add_argument("--extra-eager", nargs="*", default=[], choices=WORKS,
                     help="also run one layer of these works eagerly after the capture (their modules loaded)")
     ap.add_argument("--ballast-gb", type=float, default=0.0, help="also hold this much device memory, unused")
+    ap.add_argument("--drop", nargs="*", default=[], choices=WORKS,
+                    help="works captured and replayed once, then their graph destroyed before the timing")
     ap.add_argument("--blocked", action="store_true",
                     help="time each work's replays in one block (default: the works interleaved, one replay each)")
     ap.add_argument("--rounds", type=int, default=2)

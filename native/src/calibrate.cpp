@@ -4,9 +4,12 @@
 // event to its last block-exit event; the patch calls around the kernel's body are inside that span, so a short
 // kernel reads long (a 1.2 us paged-KV append: ~2.1 us on an H200). The sync thread loads the tracer's own kernel
 // module twice, patches one copy as a target module is patched (same enter/exit patch, its events into a buffer of
-// its own), and launches kvconv_calib_append alternately from both copies on its own non-blocking stream. Both copies
-// stamp their own first entry and last exit; the patched copy's events give the span as kvconv measures it:
-//   bias = median(tracer's span, patched) - median(kernel's own span, unpatched)
+// its own), and launches kvconv_calib_append alternately from both copies on its own non-blocking stream, each launch
+// between two CUDA events. The patched copy's block events give the span as kvconv measures it; the unpatched copy's
+// events give the duration a profiler reports for the kernel untraced (CUPTI cannot run beside the Sanitizer:
+// CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED on the H200):
+//   bias = median(tracer's span, patched) - median(event-timed duration, unpatched)
+// Both copies also stamp their own first entry and last exit (the kernel's own span, recorded for the record).
 // recorded in the metadata (`calibration`), where kvconv reads it to print raw and corrected durations.
 // KVCONV_CALIBRATE=0 turns it off. Costs ~2 x kLaunches short launches once, beside the program's first work.
 #include <algorithm>
@@ -119,13 +122,21 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
     if (!c->patched_modules.count(mp)) return "the calibration copy was not patched";
     c->own_fn[fp] = b.state;  // slot 0, tag 0: only the state address is read
   }
+  // Events around every launch (both copies): the unpatched copy's event-timed duration is the reference a
+  // profiler's kernel duration compares with. Never destroyed: 800 events, once per context.
+  std::vector<CUevent> ev(4 * kLaunches, nullptr);
+  bool timed = g_drv.eventCreate && g_drv.eventRecord && g_drv.eventElapsedTime;
+  for (auto& e : ev)
+    if (timed && g_drv.eventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) timed = false;
   int words = kWords;
   for (int k = 0; k < kLaunches; ++k)
     for (int which = 0; which < 2; ++which) {  // plain, patched, in turn: the same conditions for both
       int idx = which * kLaunches + k;
       void* args[] = {&b.dst, &b.src, &words, &b.first, &b.last, &idx};
+      if (timed) timed = g_drv.eventRecord(ev[2 * idx], s) == CUDA_SUCCESS;
       if (g_drv.launchKernel(which ? fp : fq, kBlocks, 1, 1, kThreads, 1, 1, 0, s, args, nullptr) != CUDA_SUCCESS)
         return "a calibration launch failed";
+      if (timed) timed = g_drv.eventRecord(ev[2 * idx + 1], s) == CUDA_SUCCESS;
     }
   kvconv_dev_state st;
   std::vector<unsigned long long> first(2 * kLaunches), last(2 * kLaunches);
@@ -134,12 +145,16 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   ok &= g_drv.memcpyDtoHAsync(last.data(), b.last, last.size() * 8, s) == CUDA_SUCCESS;
   if (!ok || g_drv.streamSynchronize(s) != CUDA_SUCCESS) return "reading the calibration back";
   const uint64_t n = std::min<uint64_t>(st.next, kCalibEvents);
-  std::vector<kvconv_device_event_t> ev(n);
-  if (n && (g_drv.memcpyDtoHAsync(ev.data(), st.events, n * sizeof(kvconv_device_event_t), s) != CUDA_SUCCESS ||
+  std::vector<kvconv_device_event_t> events(n);
+  if (n && (g_drv.memcpyDtoHAsync(events.data(), st.events, n * sizeof(kvconv_device_event_t), s) != CUDA_SUCCESS ||
             g_drv.streamSynchronize(s) != CUDA_SUCCESS))
     return "reading the calibration's events back";
-  std::vector<double> span, block, own[2];
-  traced_spans(ev, span, block);
+  std::vector<double> span, block, own[2], timed_ns[2];
+  traced_spans(events, span, block);
+  for (int i = 0; timed && i < 2 * kLaunches; ++i) {
+    float ms = 0;
+    if (g_drv.eventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]) == CUDA_SUCCESS) timed_ns[i / kLaunches].push_back(ms * 1e6);
+  }
   for (int w = 0; w < 2; ++w)
     for (int k = 0; k < kLaunches; ++k)
       if (last[w * kLaunches + k] >= first[w * kLaunches + k] && first[w * kLaunches + k] != ~0ull)
@@ -151,10 +166,13 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   r.traced_ns = median(span);
   r.own_plain_ns = median(own[0]);
   r.own_patched_ns = median(own[1]);
-  r.bias_ns = r.traced_ns - r.own_plain_ns;
+  r.event_plain_ns = median(timed_ns[0]);
+  r.event_patched_ns = median(timed_ns[1]);
+  if (timed_ns[0].size() < kLaunches / 2) return "CUDA events unavailable for the reference durations";
+  r.bias_ns = r.traced_ns - r.event_plain_ns;
   r.per_block_ns = median(block);
   std::vector<double> each;
-  for (double x : span) each.push_back(x - r.own_plain_ns);
+  for (double x : span) each.push_back(x - r.event_plain_ns);
   r.bias_p10_ns = quantile(each, 0.1), r.bias_p90_ns = quantile(each, 0.9);
   return "";
 }
@@ -175,10 +193,10 @@ void calibrate(Ctx* c) {  // the sync thread, after the context's first clock sy
   }
   r.done = r.why.empty();
   if (r.done)
-    logf(1, "context %u: calibration: tracer span %.0f ns, kernel's own %.0f ns (patched %.0f): bias %.0f ns "
-            "(p10 %.0f, p90 %.0f) over %u launches",
-         c->index, r.traced_ns, r.own_plain_ns, r.own_patched_ns, r.bias_ns, r.bias_p10_ns, r.bias_p90_ns,
-         r.launches);
+    logf(1, "context %u: calibration: tracer span %.0f ns, event-timed %.0f ns (patched %.0f), kernel's own %.0f ns "
+            "(patched %.0f): bias %.0f ns (p10 %.0f, p90 %.0f) over %u launches",
+         c->index, r.traced_ns, r.event_plain_ns, r.event_patched_ns, r.own_plain_ns, r.own_patched_ns, r.bias_ns,
+         r.bias_p10_ns, r.bias_p90_ns, r.launches);
   else logf(1, "context %u: no calibration: %s", c->index, r.why.c_str());
   c->calib = r;
   c->calibrated.store(true);

@@ -8,8 +8,9 @@ launched ``--launches`` times eagerly on torch's stream.
     kvconv reconcile t.kvdump                                                     # raw and corrected medians
 
 ``--profile``: the launches under torch.profiler (CUPTI activity records), the kernel's durations read from the
-profiler's trace (``dur``, us) and their median printed. Traced and profiled at once is allowed: CUPTI then times the
-patched kernel (what the instrumentation adds to the kernel itself). Prints one JSON line.
+profiler's trace (``dur``, us) and their median printed (traced and profiled at once, CUPTI gets no records: it cannot
+subscribe beside the Sanitizer). Then 200 more launches, each between two CUDA events (``events``: the reference the
+tracer's calibration uses). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -96,6 +97,15 @@ def main(argv=None) -> int:
         for _ in range(args.launches):
             launch()
         torch.cuda.synchronize()
+    # the same kernel between CUDA events (the tracer's calibration reference), after the timed launches
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(200)]
+    for e0, e1 in pairs:
+        e0.record()
+        launch()
+        e1.record()
+    torch.cuda.synchronize()
+    ev = [e0.elapsed_time(e1) * 1e6 for e0, e1 in pairs]
+    out["events"] = {"launches": len(ev), "median_ns": statistics.median(ev), "mean_ns": statistics.fmean(ev)}
     line = json.dumps(out)
     print(line, flush=True)
     if args.json:
