@@ -25,3 +25,13 @@ extern "C" __global__ void kvconv_calib_append(unsigned long long* dst, const un
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   if (threadIdx.x == 0) atomicMax(&last[k], t);
 }
+
+// Calibration's spin (calibrate.cpp): one thread waits `ns` of %globaltimer, so that the launches queued behind it
+// run back to back on the GPU and the CUDA events between them time the kernels, not the host's launch rate.
+extern "C" __global__ void kvconv_calib_spin(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}

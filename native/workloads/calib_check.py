@@ -9,8 +9,9 @@ launched ``--launches`` times eagerly on torch's stream.
 
 ``--profile``: the launches under torch.profiler (CUPTI activity records), the kernel's durations read from the
 profiler's trace (``dur``, us) and their median printed (traced and profiled at once, CUPTI gets no records: it cannot
-subscribe beside the Sanitizer). Then 200 more launches, each between two CUDA events (``events``: the reference the
-tracer's calibration uses). Prints one JSON line.
+subscribe beside the Sanitizer). Then 200 more launches, each between two CUDA events, queued behind a spin so that
+they run back to back (``events``: the reference the tracer's calibration uses), and 200 at the host's rate
+(``events_unprimed``). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -97,15 +98,23 @@ def main(argv=None) -> int:
         for _ in range(args.launches):
             launch()
         torch.cuda.synchronize()
-    # the same kernel between CUDA events (the tracer's calibration reference), after the timed launches
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(200)]
-    for e0, e1 in pairs:
-        e0.record()
-        launch()
-        e1.record()
-    torch.cuda.synchronize()
-    ev = [e0.elapsed_time(e1) * 1e6 for e0, e1 in pairs]
-    out["events"] = {"launches": len(ev), "median_ns": statistics.median(ev), "mean_ns": statistics.fmean(ev)}
+    # the same kernel between CUDA events (the tracer's calibration reference), after the timed launches: in batches of
+    # 50 queued behind a ~10 ms torch.cuda._sleep, so that they run back to back (at the host's launch rate the events
+    # time the host), and once more unprimed
+    def timed(primed: bool) -> list[float]:
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(200)]
+        for i, (e0, e1) in enumerate(pairs):
+            if primed and i % 50 == 0:
+                torch.cuda._sleep(20_000_000)
+            e0.record()
+            launch()
+            e1.record()
+        torch.cuda.synchronize()
+        return [e0.elapsed_time(e1) * 1e6 for e0, e1 in pairs]
+
+    for key, primed in (("events", True), ("events_unprimed", False)):
+        ev = timed(primed)
+        out[key] = {"launches": len(ev), "median_ns": statistics.median(ev), "mean_ns": statistics.fmean(ev)}
     line = json.dumps(out)
     print(line, flush=True)
     if args.json:
