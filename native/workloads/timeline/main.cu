@@ -73,6 +73,9 @@ int main(int argc, char** argv) {
     }
     CK(cudaStreamEndCapture(s, &g2)); CK(cudaGraphInstantiate(&ge2, g2, 0));
   }
+  if (execs == 5) {
+    launch_target(0, s, B, T, dst, src, slot, D, first, last, 0); CK(cudaStreamSynchronize(s));
+  }
   if (execs == 3) {
     CK(cudaGraphLaunch(ge2, s)); CK(cudaStreamSynchronize(s)); CK(cudaGraphExecDestroy(ge2)); ge2 = nullptr;
   }
