@@ -147,9 +147,12 @@ def test_probe_without_before_and_with_an_eager_step(tmp_path):
 
 
 def test_odd_slot_widths_keep_the_torch_path(tmp_path):
-    cache = torch.zeros(NPAGES, PAGE, 3, dtype=torch.bfloat16, device=DEV)  # 6 bytes a slot
     out = []
     for f in (None, False):
+        # a fresh cache per probe: these two run one after the other, not nested, so with one cache the second
+        # probe's "before" would read the rows the first run wrote (its H200 failure: before = digest of the rows
+        # for the second, of zeros for the first; both right)
+        cache = torch.zeros(NPAGES, PAGE, 3, dtype=torch.bfloat16, device=DEV)  # 6 bytes a slot
         vp = ValueProbe(tmp_path / f"odd.{f}.kvdump", fused=f)
         vp.watch(cache, name="c", page_size=PAGE)
         rows = _random((3, 3), torch.bfloat16, seed=1)
