@@ -262,8 +262,9 @@ def _kernel_names(pa, c, slots: np.ndarray):
 def _launch_table(pa, c, sink, options: EmitOptions) -> None:
     """The ``launch`` table: one row per launch or graph-node execution (launch-table row, graph uploads left out):
     its device start (first block entry), last block entry, end (last block exit: null when the dump records no
-    exits) and duration (kvconv.join.durations, the computation reconcile reports), blocks predicted and
-    recorded, replay and node."""
+    exits) and duration (kvconv.join.durations, the computation reconcile reports), the duration corrected by the
+    tracer's calibration (null where the dump records none), blocks predicted and recorded, replay and node."""
+    from kvconv.join import calibration
     from kvconv.join.durations import LaunchDurations
     from kvconv.join.exact import ExactJoin
 
@@ -282,6 +283,8 @@ def _launch_table(pa, c, sink, options: EmitOptions) -> None:
     release_heap()
     d = ld.finish()
     timed, dur = d.timed, d.duration_ns  # computed once, not per batch
+    cal = calibration.of_dump(c.dump, c.context_id)
+    fixed = cal.corrected(dur) if cal is not None else None
     rows = np.flatnonzero(h.shown)
     slots = np.unique(h.kernel_slot[rows])
     kernels = array(pa, [c.kernel_name(k) for k in slots.tolist()], pa.string())  # one dictionary for every batch
@@ -290,6 +293,9 @@ def _launch_table(pa, c, sink, options: EmitOptions) -> None:
     for a in range(0, max(len(rows), 1), BATCH):
         r = rows[a : a + BATCH]
         cols = _launch_columns(pa, c, d, count[r], last[r], r, timed[r], dur[r])
+        known = timed[r] if fixed is not None else np.zeros(len(r), bool)  # null without a calibration
+        cols["duration_corrected_ns"] = array(pa, (fixed if fixed is not None else dur)[r].astype(np.int64),
+                                              pa.int64(), mask=~known)
         cols["kernel"] = pa.DictionaryArray.from_arrays(
             array(pa, np.searchsorted(slots, h.kernel_slot[r]).astype(np.int32)), kernels)
         if s is None:

@@ -282,42 +282,54 @@ def launch_durations(d, ctx: int, *, t: LaunchTable | None = None, xj=None, chun
 # reconcile's report
 
 
-def _spread(v: np.ndarray) -> dict:
+def _spread(v: np.ndarray, corrected: np.ndarray | None = None) -> dict:
+    """min / median / p99 / max of durations ``v`` (ns); with ``corrected`` (the same durations less the tracer's
+    calibrated bias) also their corrected median."""
     v = np.asarray(v, np.int64)
-    return {"count": int(len(v)), "min_ns": int(v.min()), "median_ns": float(np.median(v)),
-            "p99_ns": int(np.percentile(v, 99, method="inverted_cdf")), "max_ns": int(v.max())}
+    out = {"count": int(len(v)), "min_ns": int(v.min()), "median_ns": float(np.median(v)),
+           "p99_ns": int(np.percentile(v, 99, method="inverted_cdf")), "max_ns": int(v.max())}
+    if corrected is not None:
+        out["median_corrected_ns"] = float(np.median(corrected))
+    return out
 
 
-def section(t: LaunchTable, dur: Durations, names: dict) -> dict:
+def section(t: LaunchTable, dur: Durations, names: dict, calibration=None) -> dict:
     """The ``durations`` of a context's reconcile report: per graph exec, per node across replays and per replay
     (KV-write time: the sum of its node executions' durations; span: first entry to last exit), per eager
-    kernel across launches."""
+    kernel across launches. ``calibration`` (kvconv.join.calibration.Calibration, the tracer's start-up measure of
+    its own bias): medians also given corrected."""
     live = ~t.upload & ~t.dup & dur.timed
     dns = dur.duration_ns
+    fix = calibration.corrected if calibration is not None else None
     out = {"clock": "gpu_globaltimer",
            "note": "launch: first block entry to last block exit; block: its entry to its exit",
            "exit_events": dur.exit_events, "launches_timed": int(live.sum()), "blocks_paired": int(dur.blocks.sum()),
            "unattributed_exits": dur.unattributed_exits, "open_entries": dur.open_entries,
            "orphan_exits": dur.orphan_exits,
            "block_ns_max": int(dur.block_ns_max.max()) if t.n else 0, "eager": [], "graph_execs": []}
+    if calibration is not None:
+        out["calibration"] = calibration.as_dict()
     e = np.flatnonzero(live & (t.kind == EAGER))
     for slot in np.unique(t.kernel_slot[e]):
         rows = e[t.kernel_slot[e] == slot]
-        out["eager"].append({"kernel": kernel_short(names, slot), "launches": _spread(dns[rows])})
+        out["eager"].append({"kernel": kernel_short(names, slot),
+                             "launches": _spread(dns[rows], fix(dns[rows]) if fix else None)})
     g = np.flatnonzero(live & (t.kind == GRAPH_NODE))
     for ex in np.unique(t.graph_exec[g]):
         rows = g[t.graph_exec[g] == ex]
-        out["graph_execs"].append(_graph(t, dur, names, int(ex), rows))
+        out["graph_execs"].append(_graph(t, dur, names, int(ex), rows, calibration))
     return out
 
 
-def _graph(t: LaunchTable, dur: Durations, names: dict, ex: int, rows: np.ndarray) -> dict:
+def _graph(t: LaunchTable, dur: Durations, names: dict, ex: int, rows: np.ndarray, calibration=None) -> dict:
     dns = dur.duration_ns
+    fix = calibration.corrected if calibration is not None else None
     nodes = []
     for o in np.unique(t.node_ordinal[rows]):
         r = rows[t.node_ordinal[rows] == o]
         nodes.append({"node_ordinal": int(o), "node": hexs(t.node[r[0]]),
-                      "kernel": kernel_short(names, t.kernel_slot[r[0]]), "replays": _spread(dns[r])})
+                      "kernel": kernel_short(names, t.kernel_slot[r[0]]),
+                      "replays": _spread(dns[r], fix(dns[r]) if fix else None)})
     # per replay, by one sort of the rows (a mask of all rows per replay was quadratic: 3.7 s for 9,600 replays)
     lid = t.launch_id[rows]
     order = np.argsort(lid, kind="stable")
@@ -329,8 +341,9 @@ def _graph(t: LaunchTable, dur: Durations, names: dict, ex: int, rows: np.ndarra
     replays = [{"replay": int(rep), "nodes_timed": int(c), "kv_write_ns": int(k), "span_ns": int(s)}
                for rep, c, k, s in zip(lid[at].tolist(), count.tolist(), kv_ns.tolist(), span.tolist())]
     kv = np.array([x["kv_write_ns"] for x in replays], np.int64)
-    return {"graph_exec": hexs(ex), "node_ns": _spread(dns[rows]), "kv_write_ns": _spread(kv),
-            "nodes": nodes, "replays": replays}
+    kv_fixed = np.add.reduceat(fix(dns[r]), at) if fix else None  # each node execution corrected, then summed
+    return {"graph_exec": hexs(ex), "node_ns": _spread(dns[rows], fix(dns[rows]) if fix else None),
+            "kv_write_ns": _spread(kv, kv_fixed), "nodes": nodes, "replays": replays}
 
 
 def _us(ns) -> str:
@@ -344,13 +357,24 @@ def lines(sec: dict) -> list[str]:
            + (f"; {sec['open_entries']:,} entries without exit" if sec["open_entries"] else "")
            + (f"; {sec['orphan_exits']:,} exits without entry" if sec["orphan_exits"] else "")
            + (f"; {sec['unattributed_exits']:,} exits not attributed" if sec["unattributed_exits"] else "")]
+    cal = sec.get("calibration")
+    if cal:
+        out.append(f"    raw durations include the tracer's own {_us(cal['bias_ns'])} per launch, measured at start-up "
+                   f"({cal['kernel']}, {cal['launches']} launches: {_us(cal['traced_span_ns'])} traced, "
+                   f"{_us(cal['reference_ns'])} untraced); corrected = raw - {_us(cal['bias_ns'])}")
+    else:
+        out.append("    raw durations include the tracer's own enter/exit cost (the dump records no calibration)")
     for e in sec["eager"]:
         s = e["launches"]
         out.append(f"    eager {e['kernel']}: {s['count']:,} launches {_us(s['min_ns'])} .. {_us(s['max_ns'])} "
-                   f"(median {_us(s['median_ns'])}, p99 {_us(s['p99_ns'])})")
+                   f"(median {_us(s['median_ns'])}, p99 {_us(s['p99_ns'])}{_fixed(s)})")
     for g in sec["graph_execs"]:
         s, k = g["node_ns"], g["kv_write_ns"]
         out.append(f"    graph exec {g['graph_exec']}: node executions {_us(s['min_ns'])} .. {_us(s['max_ns'])} "
-                   f"(median {_us(s['median_ns'])}, p99 {_us(s['p99_ns'])}); KV-write time per replay "
-                   f"{_us(k['min_ns'])} .. {_us(k['max_ns'])} (median {_us(k['median_ns'])})")
+                   f"(median {_us(s['median_ns'])}, p99 {_us(s['p99_ns'])}{_fixed(s)}); KV-write time per replay "
+                   f"{_us(k['min_ns'])} .. {_us(k['max_ns'])} (median {_us(k['median_ns'])}{_fixed(k)})")
     return out
+
+
+def _fixed(s: dict) -> str:
+    return f"; corrected median {_us(s['median_corrected_ns'])}" if "median_corrected_ns" in s else ""

@@ -184,6 +184,7 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   r.event_patched_ns = median(timed_ns[1]);
   if (timed_ns[0].size() < kLaunches / 2) return "CUDA events unavailable for the reference durations";
   r.bias_ns = r.traced_ns - r.event_plain_ns;
+  if (r.bias_ns < 0) return "the untraced reference outlasted the traced span (other work on the GPU meanwhile?)";
   r.per_block_ns = median(block);
   std::vector<double> each;
   for (double x : span) each.push_back(x - r.event_plain_ns);

@@ -74,6 +74,7 @@ from kvconv.check.reconcile.tally import tally_match
 from kvconv.check.reconcile.window import Windowed, join_window
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
+from kvconv.join import calibration
 from kvconv.join.durations import LaunchDurations
 from kvconv.join.durations import section as durations_section
 from kvconv.join.events import (
@@ -426,7 +427,7 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
         rep["ordered"] = dict(j.ordered.info)
     dur = stream.dur if stream is not None else None
     if dur is not None and dur.n_exit and j.mode == "exact":  # only dumps with block exits
-        rep["durations"] = durations_section(t, dur.finish(start_ns=tally.tmin), names)
+        rep["durations"] = durations_section(t, dur.finish(start_ns=tally.tmin), names, calibration.of_dump(d, ctx))
     mt = lt = None
     if tables:
         mt = s.matches if s is not None else match_table(ctx, n_all, ev, t, j.match)
