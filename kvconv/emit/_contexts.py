@@ -19,23 +19,13 @@ import numpy as np
 from kvconv.clock import of_dump
 from kvconv.emit._canary import canaries
 from kvconv.emit._first_pass import first_pass
-from kvconv.emit._stream import (
-    EAGER,
-    GRAPH_NODE,
-    RELEASE_BYTES,
-    SLICE,
-    Ctx,
-    checksum_mismatch,
-    event_runs,
-    heads,
-    release_groups,
-)
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Ctx, checksum_mismatch
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import dump as dumpmod
 from kvconv.format import layout
 from kvconv.format.errors import UsageError
 from kvconv.join.exact import ExactJoin
-from kvconv.join.launches import LaunchTable
+from kvconv.join.launches import LaunchTable, release_groups
 from kvconv.memory import release_heap, stream_heap
 from kvconv.progress import Progress, ProgressOptions
 
@@ -224,9 +214,8 @@ def _probe(c: Ctx, options: EmitOptions) -> bool:
     kept = 0
     any_gid = False
     for first, recs in c.chunks(options.chunk, sub=SLICE, verify=options.verify_checksums):
-        starts = event_runs(recs)
-        hg, ht, hf, hk = heads(recs, starts)
-        rhid = c.xjoin.lookup(hg, ht, hf, hk)
+        starts, rhid = c.xjoin.runs(recs)
+        hk, hf = recs["kind"][starts], recs["flags"][starts]
         gid = (hk == _BLOCK_ENTER) & ((hf & _EVF["has_gridid"]) != 0)
         any_gid = any_gid or bool(gid.any())
         if bool((gid & (rhid < 0)).any()):

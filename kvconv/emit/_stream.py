@@ -16,7 +16,6 @@ tracer dumps carry gridid and tag, and their events come in runs of one launch's
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import mmap
 import zlib
 from dataclasses import dataclass
@@ -25,21 +24,15 @@ import numpy as np
 
 from kvconv._workers import worker
 from kvconv.clock import Clock
-from kvconv.format import dump as dumpmod
-from kvconv.format import layout
 from kvconv.format.errors import DamagedError
-from kvconv.join.exact import ExactJoin
+from kvconv.join.events import RELEASE_BYTES
+from kvconv.join.exact import ExactJoin, load_joined
 from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
-from kvconv.join.runs import run_starts
 from kvconv.memory import release_heap
 
-__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "event_runs", "heads",
-           "release_groups", "runs_of"]
+__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "runs_of"]
 
-_EV_DT = layout.DTYPES["device_event"]
 SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
-RELEASE_BYTES = 256 << 20  # dumps larger than this give walked pages back to the page cache
-_JOIN_READS = frozenset({"kind", "flags", "grid_id", "tag", "upload", "dup"})  # launch-table columns ExactJoin reads
 PAGE = mmap.PAGESIZE
 
 
@@ -84,15 +77,7 @@ class Ctx:
         if not self.lazy or self.host is not None:
             yield self
             return
-        self.host = LaunchTable.load(self.dump, self.context_id)
-        release_groups(self.dump, ("graph_node", "eager_launch"), self.context_id)  # the table holds copies
-        # the columns the join does not read go before it is built (its temporaries are the peak of the load)
-        early = {k: Dropped(k) for k in drop if k not in _JOIN_READS}
-        if early:
-            self.host = dataclasses.replace(self.host, **early)
-        self.xjoin = ExactJoin(self.host) if join and self.host.n else None
-        if len(early) < len(drop):
-            self.host = dataclasses.replace(self.host, **{k: Dropped(k) for k in drop if k not in early})
+        self.host, self.xjoin = load_joined(self.dump, self.context_id, join=join, drop=drop)
         try:
             yield self
         finally:
@@ -150,8 +135,7 @@ class Ctx:
             return cached[1], cached[2]
         if self.xjoin is None or not n:
             return np.zeros(min(n, 1), np.int64), np.full(min(n, 1), -1, np.int64)
-        starts = event_runs(recs)
-        return starts, self.xjoin.lookup(*heads(recs, starts))
+        return self.xjoin.runs(recs)
 
     def match(self, first: int, recs: np.ndarray) -> np.ndarray:
         """Host table row of each event of a chunk (-1: unmatched)."""
@@ -165,26 +149,6 @@ class Ctx:
         otherData, each Arrow table's metadata)."""
         return {"dump": self.label, "run": self.run, "context_id": self.context_id, "device_id": self.device_id,
                 **self.clock.bound()}
-
-
-class Dropped:
-    """Stands for a launch-table column let go by :meth:`Ctx.held` (``drop``): any use of it is a bug, said so."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __getattr__(self, attr):
-        raise RuntimeError(f"launch table column {self.name!r} was let go (Ctx.held drop=...) but is used")
-
-    __getitem__ = __array__ = __len__ = __iter__ = __and__ = __eq__ = lambda self, *a: self.__getattr__("")
-
-
-def release_groups(d, kinds, ctx: int) -> None:
-    """Give the pages of a context's groups of ``kinds`` back (read again from the page cache if asked for)."""
-    for kind in kinds:
-        for g in d.groups_of(kind, context_id=ctx):
-            rs = int(g.header["record_size"])
-            dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)
 
 
 def checksum_mismatch(d, g, *, salvage: bool, warn) -> None:
@@ -219,34 +183,3 @@ def expand_runs(starts: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     if len(starts) == n:
         return values.astype(np.int64, copy=False)
     return np.repeat(values, np.diff(np.append(starts, n)))
-
-
-_OFF = {name: _EV_DT.fields[name][1] for name in _EV_DT.names}
-
-
-def event_runs(recs: np.ndarray) -> np.ndarray:
-    """Starts of runs of device events with equal (gridid, tag, kind, flags)."""
-    n = len(recs)
-    if n <= 1:
-        return np.zeros(n, np.int64)
-    if recs.dtype == _EV_DT and recs.dtype.itemsize % 8 == 0 and recs.flags.c_contiguous \
-            and _OFF["flags"] == _OFF["kind"] + 1 and _OFF["kind"] // 8 == (_OFF["flags"]) // 8:
-        w = recs.view(np.uint64).reshape(n, _EV_DT.itemsize // 8)
-        g, t = w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8]
-        kf = w[:, _OFF["kind"] // 8] >> np.uint64(8 * (_OFF["kind"] % 8))
-    else:
-        g, t = recs["gridid"], recs["tag"]
-        kf = recs["kind"].astype(np.uint16) | (recs["flags"].astype(np.uint16) << np.uint16(8))
-    return run_starts(g, t, kf)
-
-
-def heads(recs: np.ndarray, starts: np.ndarray):
-    """(gridid, tag, flags, kind) of the events at ``starts``."""
-    if _OFF["kind"] % 8 <= 6 and recs.flags.c_contiguous and recs.dtype == _EV_DT:
-        w = recs.view(np.uint64).reshape(len(recs), _EV_DT.itemsize // 8)[starts]
-        kf = w[:, _OFF["kind"] // 8]
-        return (w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8],
-                (kf >> np.uint64(8 * (_OFF["flags"] % 8))) & np.uint64(0xFF),
-                (kf >> np.uint64(8 * (_OFF["kind"] % 8))) & np.uint64(0xFF))
-    h = recs[starts]
-    return h["gridid"], h["tag"], h["flags"], h["kind"]

@@ -27,13 +27,13 @@ from kvconv.emit import _text as t
 from kvconv.emit._canary import CanarySteps
 from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
 from kvconv.emit._first_pass import flow_id
-from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE, Dropped, release_groups
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE
 from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import Plan
 from kvconv.format import layout
-from kvconv.join.launches import short_name
+from kvconv.join.launches import Dropped, release_groups, short_name
 from kvconv.memory import release_heap
 from kvconv.progress import human_size
 

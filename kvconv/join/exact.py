@@ -11,18 +11,19 @@ one host record with that gridid when exactly one has it and not both sides carr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kvconv.format import layout
 from kvconv.join.events import BLOCK_ENTER, Events
-from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable, kernel_short, launch_name
+from kvconv.join.launches import EAGER, GRAPH_NODE, Dropped, LaunchTable, kernel_short, launch_name, release_groups
 from kvconv.join.notes import Notes, hexs, plural, ranges
-from kvconv.join.runs import run_starts
+from kvconv.join.runs import event_runs, heads, run_starts
 
 _EVF = layout.ENUMS["event_flags"]
 JOIN_NONE, JOIN_EXACT, JOIN_ORDERED = 0, 1, 2
+JOIN_READS = frozenset({"kind", "flags", "grid_id", "tag", "upload", "dup"})  # launch-table columns ExactJoin reads
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,12 @@ class ExactJoin:
         self.ug = ug
         self.u_row = np.where(cnt == 1, a[fi], -1).astype(rows)
         self.u_tagged = has_tag[a[fi]]
+
+    def runs(self, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A chunk of device event records as runs: ``(starts, launch-table row of each run)`` (-1: unmatched).
+        Device events come in runs of one launch's blocks, so the lookup runs once per run."""
+        starts = event_runs(recs)
+        return starts, self.lookup(*heads(recs, starts))
 
     def _g1t1(self) -> tuple[np.ndarray, np.ndarray]:
         """gridid and tag of the tagged records, in key order."""
@@ -257,3 +264,18 @@ def explain_unmatched(u: Unmatched, t: LaunchTable, names: dict, notes: Notes) -
                   f"host never recorded (tag {hexs(tag)}; host replays {ranges(known)}), nodes "
                   f"#{ranges(sorted(x['nodes']))}", kind="device_event", index=x["first"], count=x["events"])
     return sum(x["events"] for x in extra.values()), attributed
+
+
+def load_joined(d, ctx: int, *, join: bool = True, drop: tuple = ()) -> tuple[LaunchTable, ExactJoin | None]:
+    """A context's launch table and (``join``, when it has rows) its exact join, the host records' pages given back
+    (the table holds copies). ``drop``: columns of the table let go at once (a use of one raises :class:`Dropped`);
+    those the join does not read go before it is built (its temporaries are the peak of the load)."""
+    t = LaunchTable.load(d, ctx)
+    release_groups(d, ("graph_node", "eager_launch"), ctx)
+    early = {k: Dropped(k) for k in drop if k not in JOIN_READS}
+    if early:
+        t = replace(t, **early)
+    xj = ExactJoin(t) if join and t.n else None
+    if len(early) < len(drop):
+        t = replace(t, **{k: Dropped(k) for k in drop if k not in early})
+    return t, xj

@@ -316,3 +316,26 @@ def launch_name(t: LaunchTable, names: dict, h: int) -> str:
         return f"eager launch #{int(t.index[h])} ({k}, {geo})"
     return (f"graph exec {int(t.graph_exec[h]):#x} replay {int(t.launch_id[h])} node #{int(t.node_ordinal[h])} "
             f"({int(t.node[h]):#x}, {k}, {geo})")
+
+
+class Dropped:
+    """Stands for a launch-table column let go (:func:`kvconv.join.exact.load_joined`'s ``drop``, the emitters'
+    ``Ctx.held``): any use of it is a bug, said so."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr):
+        raise RuntimeError(f"launch table column {self.name!r} was let go (Ctx.held drop=...) but is used")
+
+    __getitem__ = __array__ = __len__ = __iter__ = __and__ = __eq__ = lambda self, *a: self.__getattr__("")
+
+
+def release_groups(d, kinds, ctx: int) -> None:
+    """Give the pages of a context's groups of ``kinds`` back (read again from the page cache if asked for)."""
+    from kvconv.format.dump import release_pages
+
+    for kind in kinds:
+        for g in d.groups_of(kind, context_id=ctx):
+            rs = int(g.header["record_size"])
+            release_pages(getattr(d, "_mm", None), g.payload_offset, len(g.records) * rs)

@@ -10,6 +10,8 @@ the tally) each work per run instead of per event, and no column of the chunk is
 
 A run is a stretch of events with equal gridid, tag, flags and kernel slot (a tracer writes a launch's blocks
 together): whatever is constant in a run is read at its first event, and a run's largest blockIdx is its maximum.
+The exact join looks a chunk up by the runs of :func:`event_runs` (equal gridid, tag, kind and flags) and their
+heads (:func:`heads`: the keys of each run's first event).
 """
 
 from __future__ import annotations
@@ -93,3 +95,35 @@ def rows_by_value(col: np.ndarray, values: np.ndarray, live: np.ndarray | None =
     del srt
     for v, a, b in zip(values, lo.tolist(), hi.tolist()):
         yield v, order[a:b]
+
+
+_EV_DT = layout.DTYPES["device_event"]
+_OFF = {name: _EV_DT.fields[name][1] for name in _EV_DT.names}
+
+
+def event_runs(recs: np.ndarray) -> np.ndarray:
+    """Starts of runs of device events with equal (gridid, tag, kind, flags)."""
+    n = len(recs)
+    if n <= 1:
+        return np.zeros(n, np.int64)
+    if recs.dtype == _EV_DT and recs.dtype.itemsize % 8 == 0 and recs.flags.c_contiguous \
+            and _OFF["flags"] == _OFF["kind"] + 1 and _OFF["kind"] // 8 == (_OFF["flags"]) // 8:
+        w = recs.view(np.uint64).reshape(n, _EV_DT.itemsize // 8)
+        g, t = w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8]
+        kf = w[:, _OFF["kind"] // 8] >> np.uint64(8 * (_OFF["kind"] % 8))
+    else:
+        g, t = recs["gridid"], recs["tag"]
+        kf = recs["kind"].astype(np.uint16) | (recs["flags"].astype(np.uint16) << np.uint16(8))
+    return run_starts(g, t, kf)
+
+
+def heads(recs: np.ndarray, starts: np.ndarray):
+    """(gridid, tag, flags, kind) of the events at ``starts``."""
+    if _OFF["kind"] % 8 <= 6 and recs.flags.c_contiguous and recs.dtype == _EV_DT:
+        w = recs.view(np.uint64).reshape(len(recs), _EV_DT.itemsize // 8)[starts]
+        kf = w[:, _OFF["kind"] // 8]
+        return (w[:, _OFF["gridid"] // 8], w[:, _OFF["tag"] // 8],
+                (kf >> np.uint64(8 * (_OFF["flags"] % 8))) & np.uint64(0xFF),
+                (kf >> np.uint64(8 * (_OFF["kind"] % 8))) & np.uint64(0xFF))
+    h = recs[starts]
+    return h["gridid"], h["tag"], h["flags"], h["kind"]
