@@ -484,3 +484,159 @@ def test_fused_switch_is_read_at_construction_and_numpy_keeps_its_path(tmp_path,
         for field in r.dtype.names:
             assert field == "host_ns" or (r[field] == recs[0][field]).all(), field
     assert [int(x["slot"]) for x in recs[0] if x["expected"] != x["actual"]] == [9, 9]
+
+
+class _Rows(np.ndarray):
+    """Host rows with torch's data_ptr(): the fused path's row-layout cache checks it."""
+
+    def data_ptr(self) -> int:
+        return int(self.ctypes.data)
+
+
+class _FakeTensor:
+    """The torch tensor methods _FusedBuffers uses, on a numpy array; copy_ is queued on the fake stream."""
+
+    def __init__(self, a: np.ndarray, dev: _FakeDevice) -> None:
+        self.a, self.dev = a, dev
+
+    def __getitem__(self, i):
+        return _FakeTensor(self.a[i], self.dev)
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def numpy(self) -> np.ndarray:
+        return self.a
+
+    def copy_(self, src, non_blocking=False):
+        assert non_blocking
+        self.dev.pending.append(lambda: self.a.__setitem__(slice(None), src.a))
+
+
+class _FakeDevice:
+    """A device and stream for the fused path on the host, under the real _FusedBuffers: copies and launches are
+    queued and run in order only when an event is waited for, so a host buffer written again before its copy ran
+    gives wrong digests. The "kernel" reads each address inside the arrays registered (anything else fails the
+    test) and digests it with digest_words."""
+
+    int64 = np.int64
+
+    def __init__(self, arrays) -> None:
+        from kvconv.capture.probe.values import _FusedBuffers
+
+        self.pending, self.arrays, self.done = [], list(arrays), 0  # done: how many queued have run
+        self.cuda = type("cuda", (), {"Event": self.event, "current_stream": staticmethod(lambda _dev: None)})
+        self.bufs = _FusedBuffers.__new__(_FusedBuffers)
+        self.bufs.torch, self.bufs.device, self.bufs.pairs = self, "fake", {}
+
+    def empty(self, size, *, dtype, pin_memory=False, device=None):
+        assert pin_memory != (device is not None)  # host buffers pinned
+        return _FakeTensor(np.full(size, -1, dtype), self)
+
+    def run(self, upto: int | None = None) -> None:
+        while self.pending and (upto is None or self.done < upto):
+            self.pending.pop(0)()
+            self.done += 1
+
+    def event(self):
+        fake = self
+
+        class Event:
+            mark = 0
+
+            def record(self, _stream):
+                self.mark = fake.done + len(fake.pending)
+
+            def synchronize(self):
+                fake.run(self.mark)
+
+        return Event()
+
+    def _row(self, addr: int, words: int) -> np.ndarray:
+        for a in self.arrays:
+            raw = a.reshape(-1).view(np.uint8)
+            at = addr - a.ctypes.data
+            if 0 <= at and at + 8 * words <= raw.size:
+                return raw[at:at + 8 * words].view(np.int64)
+        raise AssertionError(f"address {addr:#x} in no array")
+
+    def kernel(self, addrs, out, words):
+        def go():
+            out.a[:] = digest_words(np.stack([self._row(int(a), words) for a in addrs.a]))
+
+        self.pending.append(go)
+
+
+def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
+    """Five steps on host caches, the fused path's host side driven through _FakeDevice (fused=True) or the numpy
+    path; step 2 raises inside its block (its copies left pending). Returns the records and the fast-path count."""
+    from kvconv.capture.probe import values
+
+    widths = [8, 8, 8, 8] if uniform else [8, 12, 8, 4]
+    pages = [NPAGES, NPAGES, NPAGES if uniform else NPAGES // 2, NPAGES]
+    caches = [np.zeros((p, PAGE, w), np.int16) for p, w in zip(pages, widths)]
+    qkv = [np.zeros((6, 3 * w), np.int16) for w in widths]
+    src = np.zeros((6, widths[3]), np.int16).view(_Rows)
+    fake = _FakeDevice(caches + qkv + [src])
+    vp = ValueProbe(tmp_path / f"{name}.kvdump", fused=False)
+    if fused:
+        monkeypatch.setattr(values, "_kernel", lambda: fake.kernel)
+        monkeypatch.setattr(values, "_row_layout", lambda r, _d: None if r.ctypes.data % 8 or r.strides[0] % 8
+                            else (r.ctypes.data, r.strides[0]))
+        vp._fused_device = lambda: "fake"
+    for i, c in enumerate(caches):
+        vp.watch(c, name=f"c{i}", page_size=PAGE, source=None if uniform or i != 3 else src)
+    if fused:
+        vp._fused = (fake.bufs, values._slot_groups(vp.caches), {})
+    fast = 0
+    real = values._columns_from_blocks
+
+    def spy(*a):
+        nonlocal fast
+        got = real(*a)
+        fast += got is not None
+        return got
+
+    monkeypatch.setattr(values, "_columns_from_blocks", spy)
+    rng = np.random.default_rng(5)
+    for step in range(5):
+        slots = np.array([8, 20 + step, -1, 33 + step, 40, 9])
+        for q in qkv:
+            q[:] = rng.integers(-30000, 30000, q.shape)
+        src[:] = rng.integers(-30000, 30000, src.shape)
+        rows = [q[:, w:2 * w].view(_Rows) for q, w in zip(qkv, widths)]
+        if not uniform:
+            rows[2] = qkv[2][:, 1:1 + widths[2]].view(_Rows)  # unaligned: the numpy path within a fused step
+        expect = {f"c{i}": r for i, r in enumerate(rows) if uniform or i != 3}
+        writes = []
+        for i, c in enumerate(caches):
+            flat = c.reshape(-1, widths[i])
+            ok = (slots >= 0) & (slots < flat.shape[0]) & (slots != 8)
+            new = (src if i == 3 and not uniform else rows[i]).copy()
+            new[3, 0] ^= i == 0  # one wrong bit in cache 0
+            writes.append(lambda flat=flat, at=slots[ok], new=new[ok]: flat.__setitem__(at, new))
+        with contextlib.suppress(RuntimeError), vp.step(step, slots, list(range(6)), expect=expect):
+            for w in writes:  # the step's writes, queued behind the probe's launches before the step
+                fake.pending.append(w) if fused else w()
+            if step == 2:
+                raise RuntimeError("the engine failed")
+    vp.close()
+    assert vp.fused_steps == (4 if fused else 0)
+    with dump.open(vp.recorder.path) as d:
+        return d.records("value_digest"), fast
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_fused_host_side_records_equal_the_numpy_path(tmp_path, monkeypatch, uniform):
+    """The fused path's host side (addresses built per group into reused buffers, the layout cache of given rows,
+    the records straight from its blocks or per cache) records what the numpy path does, also with its copies
+    asynchronous and a step that raised leaving them pending."""
+    fused, fast = _fused_host_run(tmp_path, "f", True, monkeypatch, uniform)
+    plain, _ = _fused_host_run(tmp_path, "p", False, monkeypatch, uniform)
+    assert fast == (4 if uniform else 0)  # uniform: every step's records from the blocks; else per cache
+    assert len(fused) == len(plain) > 0
+    for field in fused.dtype.names:
+        assert field == "host_ns" or (fused[field] == plain[field]).all(), field
+    assert sorted({int(s) for s in fused["slot"][fused["expected"] != fused["actual"]]}) == \
+        [8] + [33 + s for s in (0, 1, 3, 4)]
+    assert (fused["before"] != fused["actual"]).any() and set(fused["step"].tolist()) == {0, 1, 3, 4}

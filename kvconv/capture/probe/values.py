@@ -306,71 +306,170 @@ def _row_layout(rows, device):
     return None if ptr % 8 or step % 8 else (ptr, step)
 
 
-class _FusedStep:
-    """One step's digests by the fused kernel: rows given by byte address ([C, k] per group of caches), queued and
-    launched (one launch per phase and row width) into one device buffer of int64 digests, read back once."""
+class _FusedBuffers:
+    """The fused path's buffers, kept across steps (pinned memory costs more to allocate than the digests): per
+    phase ("before", "after") pinned host addresses and their device copy, and the device digests with their pinned
+    host copy. An event marks each pair's last copy; it is waited for before the host side is written again: the
+    copies are asynchronous, and a step that raised may leave one pending (a buffer dropped when grown is held by
+    torch's pinned allocator until its copy is done)."""
 
-    def __init__(self, kernel, device, capacity: int) -> None:
+    def __init__(self, device) -> None:
         import torch
 
-        self.kernel, self.device, self.torch = kernel, device, torch
-        self.buf = torch.empty(capacity, dtype=torch.int64, device=device)
+        self.torch, self.device = torch, device
+        self.pairs: dict = {}  # name -> [host tensor (pinned), its numpy view, device tensor, event]
+
+    def get(self, name: str, n: int) -> list:
+        """The pair ``name`` of at least ``n`` int64, its host side free to write (its last copy completed)."""
+        old = self.pairs.get(name)
+        if old is not None:
+            old[3].synchronize()
+            if old[1].size >= n:
+                return old
+        torch = self.torch
+        size = max(n, 1024, 2 * old[1].size if old is not None else 0)
+        host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        new = [host, host.numpy(), torch.empty(size, dtype=torch.int64, device=self.device), torch.cuda.Event()]
+        self.pairs[name] = new
+        return new
+
+    def copy(self, name: str, n: int, *, to_device: bool):
+        """Queue the copy of the first ``n`` words of pair ``name`` (either way) and mark it with its event."""
+        host, _np, dev, ev = self.pairs[name]
+        if to_device:
+            dev[:n].copy_(host[:n], non_blocking=True)
+        else:
+            host[:n].copy_(dev[:n], non_blocking=True)
+        ev.record(self.torch.cuda.current_stream(self.device))
+        return dev[:n]
+
+
+class _FusedStep:
+    """One step's digests by the fused kernel: rows given by byte address (``bases [C] + offsets``: [k] or [C, k]
+    per group of caches), written straight into the phase's pinned buffer, copied in one go and launched (one
+    launch per phase and row width) into one device buffer of int64 digests, read back once."""
+
+    def __init__(self, kernel, bufs: _FusedBuffers, capacity: int) -> None:
+        self.kernel, self.bufs = kernel, bufs
+        self.out = bufs.get("digests", capacity)[2]
         self.used, self.parts, self.queued = 0, [], {}
 
-    def add(self, tag: str, cids: list, addrs: np.ndarray, words: int) -> None:
-        self.queued.setdefault(words, []).append((tag, cids, addrs))
+    def add(self, tag: str, cids: np.ndarray, tok: np.ndarray, bases: np.ndarray, offs: np.ndarray, words: int):
+        self.queued.setdefault(words, []).append((tag, cids, tok, bases, offs))
 
-    def launch(self) -> None:
+    def launch(self, phase: str) -> None:
+        n = sum(len(c) * len(t) for items in self.queued.values() for _tag, c, t, *_x in items)
+        assert self.used + n <= len(self.out), "more rows than the step's digest buffer holds"
+        host, at, spans = self.bufs.get(phase, n)[1], 0, []
         for words, items in self.queued.items():
-            flat = np.concatenate([a.reshape(-1) for *_x, a in items])
-            at = self.used
-            for tag, cids, a in items:
-                self.parts.append((tag, cids, at, int(a.shape[1])))
-                at += a.size
-            assert at <= self.buf.numel(), "more rows than the step's digest buffer holds"
-            if len(flat):  # one pinned host -> device copy of the addresses, then one launch
-                dev = self.torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
-                self.kernel(dev, self.buf[self.used:at], words)
-            self.used = at
+            start = at
+            for tag, cids, tok, bases, offs in items:  # the addresses, computed in place
+                m = len(cids) * len(tok)
+                np.add(bases[:, None], offs, out=host[at:at + m].reshape(len(cids), len(tok)))
+                self.parts.append((tag, cids, tok, self.used + at))
+                at += m
+            spans.append((words, start, at))
+        if n:
+            dev = self.bufs.copy(phase, n, to_device=True)  # one host -> device copy, then a launch per width
+            for words, start, end in spans:
+                if end > start:
+                    self.kernel(dev[start:end], self.out[self.used + start:self.used + end], words)
+        self.used += n
         self.queued = {}
 
     def read(self) -> dict:
-        """{tag: {cache id: digests (numpy)}} of every tag, after one device -> host copy (the synchronisation)."""
-        host = self.buf[: self.used].cpu().numpy()
-        out: dict = {tag: {} for tag in ("before", "after", "given", "eager", "source")}
-        for tag, cids, at, k in self.parts:
-            out[tag].update(zip(cids, host[at:at + len(cids) * k].reshape(len(cids), k)))
+        """{tag: [(cache ids, checked tokens, digests [C, k] (numpy))]}, in the order queued, after one device ->
+        host copy (the step's synchronisation). The arrays view the pinned buffer: used before the next step."""
+        n = self.used
+        self.bufs.copy("digests", n, to_device=False)
+        ev = self.bufs.pairs["digests"][3]
+        ev.synchronize()
+        host = self.bufs.pairs["digests"][1]
+        out: dict = {tag: [] for tag in _TAGS}
+        for tag, cids, tok, at in self.parts:
+            out[tag].append((cids, tok, host[at:at + len(cids) * len(tok)].reshape(len(cids), len(tok))))
         return out
 
 
-def _by_tokens(items):
-    """Group ``(cache, value, tok)`` by the checked tokens' array (one per live key) and slot width."""
+_TAGS = ("before", "after", "given", "eager", "source")
+
+
+def _slot_groups(caches: list[_Cache]) -> list[tuple]:
+    """The watched caches grouped for the fused path, once: per (checked tokens' key, slot width) the cache ids
+    and slot-0 addresses (int64 arrays), so that a step's slot addresses are one numpy op per group."""
     groups: dict = {}
-    for c, v, tok in items:
-        g = groups.setdefault((id(tok), c.slot_bytes), (tok, c.slot_bytes, [], []))
-        g[2].append(c.cache_id)
-        g[3].append(v)
-    return groups.values()
+    for c in caches:
+        groups.setdefault((c.live_key, c.slot_bytes), []).append(c)
+    return [(key, sb, np.array([c.cache_id for c in cs], np.int64), np.array([c.base for c in cs], np.int64))
+            for (key, sb), cs in groups.items()]
 
 
-def _queue_slots(run: _FusedStep, tag: str, live, slots: np.ndarray) -> None:
+def _queue_slots(run: _FusedStep, tag: str, groups: list, memo: dict, slots: np.ndarray) -> None:
     """Queue the step's checked slots of every cache: address ``base + slot * slot_bytes``, one numpy op a group."""
-    for tok, sb, cids, bases in _by_tokens((c, c.base, tok) for c, (tok, _i) in live):
-        run.add(tag, cids, np.asarray(bases, np.int64)[:, None] + slots[tok][None, :] * sb, sb // 8)
+    for key, sb, cids, bases in groups:
+        tok = memo[key][0]
+        run.add(tag, cids, tok, bases, slots[tok] * sb, sb // 8)
 
 
-def _queue_rows(run: _FusedStep, tag: str, items) -> list:
+def _queue_rows(run: _FusedStep, tag: str, items, layouts: dict) -> list:
     """Queue handed-over rows (``items``: (cache, rows, checked tokens)) that the kernel can address; returns the
-    others, for the torch path. Raises as :meth:`ValueProbe._rows_words` does for rows that do not fit."""
-    fast, slow = [], []
+    others, for the torch path. Raises as :meth:`ValueProbe._rows_words` does for rows that do not fit.
+
+    ``layouts`` (cache id -> (rows, row count, address of row 0, row stride)) keeps each cache's last addressable
+    rows tensor and its layout: an engine hands the same static graph outputs every step, and reading a tensor's
+    shape and strides costs ~10 us a cache. Held, the tensor's id cannot be reused, and its data_ptr() is checked;
+    shape and strides change on the same object only by in-place metadata ops (resize_, as_strided_, t_), which
+    nothing does to a graph's outputs (set_ moves the data, which the check sees)."""
+    groups, slow = {}, []
     for c, rows, tok in items:
-        _check_rows(c, rows, tok)
-        at = _row_layout(rows, run.device)
-        (slow if at is None else fast).append((c, rows, tok) if at is None else (c, at, tok))
-    for tok, sb, cids, ats in _by_tokens(fast):
-        ptr, step = (np.asarray(x, np.int64)[:, None] for x in zip(*ats))
-        run.add(tag, cids, ptr + tok.astype(np.int64)[None, :] * step, sb // 8)
+        at = layouts.get(c.cache_id)
+        if at is None or at[0] is not rows or at[2] != rows.data_ptr():
+            _check_rows(c, rows, tok)
+            lay = _row_layout(rows, run.bufs.device)
+            if lay is None:
+                slow.append((c, rows, tok))
+                continue
+            at = layouts[c.cache_id] = (rows, int(rows.shape[0]), *lay)
+        elif len(tok) and int(tok[-1]) >= at[1]:
+            _check_rows(c, rows, tok)  # raises: too few rows
+        g = groups.setdefault((id(tok), c.slot_bytes), (tok, c.slot_bytes, [], [], []))
+        g[2].append(c.cache_id)
+        g[3].append(at[2])
+        g[4].append(at[3])
+    for tok, sb, cids, ptrs, steps in groups.values():
+        steps = np.asarray(steps, np.int64)
+        offs = tok * steps[0] if (steps == steps[0]).all() else tok[None, :] * steps[:, None]
+        run.add(tag, np.asarray(cids, np.int64), tok, np.asarray(ptrs, np.int64), offs, sb // 8)
     return slow
+
+
+def _per_cache(blocks: dict) -> dict:
+    """{tag: [(cache ids, tokens, digests [C, k])]} -> {tag: {cache id: digests [k]}} (the torch path's form)."""
+    return {tag: {int(cid): row for cids, _tok, m in bl for cid, row in zip(cids, m)} for tag, bl in blocks.items()}
+
+
+def _columns_from_blocks(blocks: dict, before: bool):
+    """The records' columns straight from the fused step's blocks, without a loop over caches, where that gives
+    what the per-cache path gives: every cache's expected rows from one tag (given, else source) in blocks that
+    match the "after" ones, in cache order. Returns (cache ids, tokens, expected, actual, before, flag) or None."""
+    tag = "given" if blocks["given"] else "source"
+    other = "source" if tag == "given" else "given"
+    if blocks["eager"] or blocks[other] or not blocks["after"]:
+        return None
+    shape = [(c.tolist(), len(t)) for c, t, _m in blocks["after"]]
+    sides = [blocks[tag]] + ([blocks["before"]] if before else [])
+    if any([(c.tolist(), len(t)) for c, t, _m in bl] != shape for bl in sides):
+        return None
+    cids = [c for cs, _k in shape for c in cs]
+    if any(a >= b for a, b in zip(cids, cids[1:])):  # not in cache order
+        return None
+
+    def cat(bl):
+        return np.concatenate([m.reshape(-1) for *_x, m in bl])
+
+    return (np.concatenate([np.repeat(c, len(t)) for c, t, _m in blocks["after"]]),
+            np.concatenate([np.tile(t, len(c)) for c, t, _m in blocks["after"]]),
+            cat(blocks[tag]), cat(blocks["after"]), cat(blocks["before"]) if before else None, FLAGS[tag])
 
 
 class ValueProbe(RecorderOwner):
@@ -394,7 +493,9 @@ class ValueProbe(RecorderOwner):
         self.fused = False if fused is None and os.environ.get("KVCONV_VALUE_FUSED") == "0" else fused
         self.fused_steps = 0
         self._fused_dev = None  # (device or None) once decided for the watched caches
+        self._fused = None  # (_FusedBuffers, _slot_groups, row layouts) of the fused path, made with _fused_dev
         self.caches: list[_Cache] = []
+        self._slot_bytes = np.zeros(0, np.int64)
         self.timings: list[tuple[int, int]] = []
         self._expect: dict[int, tuple[int, object]] = {}  # cache id -> (step, rows)
         self._step: int | None = None
@@ -412,8 +513,9 @@ class ValueProbe(RecorderOwner):
         c = _Cache(cache, name=name, cache_id=len(self.caches), page_size=page_size, slot_bytes=slot_bytes,
                    source=source)
         self.caches.append(c)
+        self._slot_bytes = np.array([x.slot_bytes for x in self.caches], np.int64)  # by cache id, for _record
         self._by_name[name] = c
-        self._plan = self._fused_dev = None
+        self._plan = self._fused_dev = self._fused = None
         self.recorder.add_cache(cache_id=c.cache_id, name=name, base=c.base, size=c.num_slots * c.slot_bytes,
                                 slot_bytes=c.slot_bytes, page_size=c.page_size)
         return c.cache_id
@@ -455,8 +557,8 @@ class ValueProbe(RecorderOwner):
         live = [(c, self._live(c, slots, pads, memo, dev is None)) for c in self.caches]
         run = None
         if dev is not None:
-            run = _FusedStep(_kernel(), dev, 4 * sum(len(tok) for _c, (tok, _i) in live))
-            chunks = self._fused_before(run, live, slots)
+            run = _FusedStep(_kernel(), self._fused[0], 4 * sum(len(tok) for _c, (tok, _i) in live))
+            chunks = self._fused_before(run, live, memo, slots)
         else:
             chunks = self._before(live, eager)
         t1 = time.perf_counter_ns()
@@ -477,8 +579,10 @@ class ValueProbe(RecorderOwner):
             chunks["given"] = self._rows_words(given)
             host = _read_back(_digest_all(chunks))  # the step's one digest pass and one synchronisation
         else:
-            host = self._fused_after(run, live, slots, given, chunks)
-        self._record(step, live, slots, reqs, host)
+            host = self._fused_after(run, memo, slots, given, chunks)
+        cols = host if isinstance(host, tuple) else self._columns(live, host)
+        if cols is not None:
+            self._record(step, slots, reqs, *cols)
         self._expect.clear()
         self._step = None
         self.steps += 1
@@ -511,24 +615,35 @@ class ValueProbe(RecorderOwner):
                 elif len(devs) == 1 and self.fused:
                     raise RuntimeError("ValueProbe(fused=True): triton cannot be imported")
             self._fused_dev = dev
+            if dev:
+                self._fused = (_FusedBuffers(dev), _slot_groups(cs), {})
         return self._fused_dev or None
 
-    def _fused_before(self, run: _FusedStep, live, slots: np.ndarray) -> dict:
+    def _fused_before(self, run: _FusedStep, live, memo: dict, slots: np.ndarray) -> dict:
         """Before the step: one launch digests the checked slots (unless ``before=False``) and the source rows in
         place; source rows the kernel cannot address are copied for the torch path (returned as chunks)."""
+        _bufs, groups, layouts = self._fused
         if self.before:
-            _queue_slots(run, "before", live, slots)
-        slow = _queue_rows(run, "source", [(c, c.source, tok) for c, (tok, _) in live if c.source is not None])
-        run.launch()
+            _queue_slots(run, "before", groups, memo, slots)
+        src = [(c, c.source, tok) for c, (tok, _) in live if c.source is not None]
+        slow = _queue_rows(run, "source", src, layouts)
+        run.launch("before")
         return {"source": self._rows_words(slow)}
 
-    def _fused_after(self, run: _FusedStep, live, slots: np.ndarray, given: list, chunks: dict) -> dict:
+    def _fused_after(self, run: _FusedStep, memo: dict, slots: np.ndarray, given: list, chunks: dict):
         """After the step: one launch over the slots and the given rows (referenced by ``given`` until read back),
-        one copy back; rows the kernel cannot address go the torch path and are merged in."""
-        _queue_slots(run, "after", live, slots)
-        chunks["given"] = self._rows_words(_queue_rows(run, "given", given))
-        run.launch()
-        host = run.read()
+        one copy back; rows the kernel cannot address go the torch path and are merged in. Returns the records'
+        columns where they come straight from the blocks, else {tag: {cache id: digests}}."""
+        _bufs, groups, layouts = self._fused
+        _queue_slots(run, "after", groups, memo, slots)
+        chunks["given"] = self._rows_words(_queue_rows(run, "given", given, layouts))
+        run.launch("after")
+        blocks = run.read()
+        if not any(chunks.values()):
+            cols = _columns_from_blocks(blocks, self.before)
+            if cols is not None:
+                return cols
+        host = _per_cache(blocks)
         if any(chunks.values()):
             for tag, got in _read_back(_digest_all(chunks)).items():
                 host[tag].update(got)
@@ -606,9 +721,10 @@ class ValueProbe(RecorderOwner):
             out.append(([c.cache_id for c in cs], row_words(b), k))
         return out
 
-    def _record(self, step, live, slots, reqs, host: dict) -> None:
-        """The step's value_digest records, one array for every checked cache: expected from the rows given, else
-        the eager reference, else the source tensor; a cache with none of them is not checked."""
+    def _columns(self, live, host: dict):
+        """The records' columns from per-cache digests: expected from the rows given, else the eager reference,
+        else the source tensor; a cache with none of them is not checked. (cache ids, tokens, expected, actual,
+        before or None, flags), or None where no cache is checked."""
         order = [("given", FLAGS["given"]), ("eager", FLAGS["eager"]), ("source", FLAGS["source"])]
         picked = []
         for c, (tok, _idx) in live:
@@ -617,21 +733,26 @@ class ValueProbe(RecorderOwner):
                     picked.append((c, tok, host[tag][c.cache_id], flag))
                     break
         if not picked:
-            return
+            return None
         lens = [len(t) for _c, t, _e, _f in picked]
-        r = np.zeros(sum(lens), layout.DTYPES["value_digest"])
-        tok = np.concatenate([t for _c, t, _e, _f in picked])
+        before = np.concatenate([host["before"][c.cache_id] for c, *_x in picked]) if self.before else None
+        return (np.repeat([c.cache_id for c, *_x in picked], lens), np.concatenate([t for _c, t, _e, _f in picked]),
+                np.concatenate([e for *_x, e, _f in picked]),
+                np.concatenate([host["after"][c.cache_id] for c, *_x in picked]), before,
+                np.repeat([f for *_x, f in picked], lens))
+
+    def _record(self, step, slots, reqs, cids, tok, expected, actual, before, flags) -> None:
+        """The step's value_digest records, one array (a record per checked token and cache, in cache order)."""
+        r = np.zeros(len(tok), layout.DTYPES["value_digest"])
         r["step"], r["host_ns"], r["slot"], r["request_id"], r["row"] = int(step), time.monotonic_ns(), slots[tok], \
             reqs[tok], tok
-        r["cache_id"] = np.repeat([c.cache_id for c, *_x in picked], lens)
-        r["row_bytes"] = np.repeat([c.slot_bytes for c, *_x in picked], lens)
-        r["expected"] = np.concatenate([e for *_x, e, _f in picked]).view(np.uint64)
-        r["actual"] = np.concatenate([host["after"][c.cache_id] for c, *_x in picked]).view(np.uint64)
-        flags = np.repeat([f for *_x, f in picked], lens).astype(np.uint32)
-        if self.before:
-            r["before"] = np.concatenate([host["before"][c.cache_id] for c, *_x in picked]).view(np.uint64)
+        r["cache_id"] = cids
+        r["row_bytes"] = self._slot_bytes[cids]
+        r["expected"], r["actual"] = expected.view(np.uint64), actual.view(np.uint64)
+        flags = np.broadcast_to(np.asarray(flags, np.uint32), (len(tok),))
+        if before is not None:
+            r["before"] = before.view(np.uint64)
         else:
-            flags |= FLAGS["no_before"]
+            flags = flags | FLAGS["no_before"]
         r["flags"] = flags
         self.recorder.add_records("value_digest", r)
-
