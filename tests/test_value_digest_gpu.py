@@ -7,6 +7,8 @@ the test extras are missing (``pytest -p no:cacheprovider --noconftest tests/tes
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -88,10 +90,11 @@ def _caches(kind: str):
             torch.zeros(NPAGES, PAGE, 3, dtype=torch.float64, device=DEV)]
 
 
-def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | None = None):
+def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | None = None, raise_step: int = -1):
     """Four steps with a fused and an unfused probe nested around each (both see the same slots); returns their
     records and the probes. Cache 0 gets a wrong row, cache 1 its rows from the host (the torch path within a fused
-    step), cache 2 unaligned rows (likewise), cache 3 its rows from a source tensor; slot 8 is never written."""
+    step), cache 2 unaligned rows (likewise), cache 3 its rows from a source tensor; slot 8 is never written.
+    Step ``raise_step`` raises inside both blocks after its writes (no records; its copies may be left pending)."""
     caches = _caches(kind)
     width = [int(c.shape[-1]) for c in caches]
     src = torch.zeros(6, width[3], dtype=caches[3].dtype, device=DEV)
@@ -114,7 +117,8 @@ def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | Non
                     ok = (slots >= 0) & (slots < flat.shape[0]) & (slots != 8)
                     flat[slots[ok]] = rows[i][ok]
             expect = {}
-        with (probes[0].step(step, slots, list(range(6)), expect=expect, eager=eager),
+        with (contextlib.suppress(RuntimeError),
+              probes[0].step(step, slots, list(range(6)), expect=expect, eager=eager),
               probes[1].step(step, slots, list(range(6)), expect=expect, eager=eager)):
             for i, c in enumerate(caches):
                 flat = c.view(-1, width[i])
@@ -123,6 +127,8 @@ def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | Non
                 if i == 0:
                     new.view(torch.uint8)[3, 0] ^= 1  # one bit of token 3's row
                 flat[slots[ok]] = new[ok]
+            if step == raise_step:
+                raise RuntimeError("the engine failed")
     for vp in probes:
         vp.close()
     return [_records(vp.recorder.path) for vp in probes], probes
@@ -174,3 +180,30 @@ def test_rows_that_do_not_fit_are_refused_alike(tmp_path):
         messages.append(str(e.value))
         vp.close()
     assert messages[0] == messages[1] and "2 rows given" in messages[0]
+
+
+def test_buffers_kept_across_steps(tmp_path):
+    """The fused path's pinned and device buffers are reused step after step, grown when a step maps more tokens
+    (here from 6 a step to 600: past the first size) and still right after a step that raised: the records equal
+    the torch path's, and "before" changes from one step to the next as the slots were written."""
+    (fused, plain), (pf, _pp) = _run_both(tmp_path, "mixed", raise_step=1)
+    assert pf.fused_steps == 3 and set(fused["step"].tolist()) == {0, 2, 3}
+    _assert_same(fused, plain)
+    out = []
+    for f in (None, False):
+        cache = torch.zeros(NPAGES * 32, PAGE, 8, dtype=torch.bfloat16, device=DEV)  # 2048 slots
+        vp = ValueProbe(tmp_path / f"grow.{f}.kvdump", fused=f)
+        vp.watch(cache, name="c", page_size=PAGE)
+        for step, n in enumerate((6, 600, 6, 600)):
+            slots = torch.arange(n, device=DEV) * 2 + step % 2  # steps 2, 3 rewrite the slots of 0, 1
+            rows = _random((n, 8), torch.bfloat16, seed=step)
+            with vp.step(step, slots, expect={"c": rows}):
+                cache.view(-1, 8)[slots] = rows
+        vp.close()
+        assert vp.fused_steps == (4 if f is None else 0)
+        out.append(_records(vp.recorder.path))
+    _assert_same(*out)
+    r = out[0]
+    assert (r["expected"] == r["actual"]).all()
+    first = r[(r["step"] == 2)]["before"]
+    assert (first == r[(r["step"] == 0)]["actual"]).all()  # step 2's before: what step 0 wrote there

@@ -30,7 +30,10 @@ ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwis
 watched cache is a torch CUDA tensor on one device with 8-byte aligned slots of a multiple of 8 bytes, a Triton
 kernel (:mod:`kvconv.capture.probe._digest_triton`, imported only then) digests rows in place from their byte
 addresses, computed on the host: one launch before the step (the slots, the source rows), one after (the slots,
-the given rows), one copy back. Its digests are the same bits, so the records are too; rows it cannot address
+the given rows), one copy back. Its host work is kept small, as it adds to every step: buffers reused across
+steps (each pinned one written again only once its last copy is done), addresses one numpy op per group of caches,
+the layouts of the rows handed over kept while the same tensors come, records built from the digests' blocks with
+no loop over caches. Its digests are the same bits, so the records are too; rows it cannot address
 (on the host, unaligned, not contiguous within a row) take the torch path within the same step, and a step with
 an eager reference takes it whole.
 
@@ -55,6 +58,11 @@ from kvconv.capture.probe.writer import CanaryRecorder, RecorderOwner
 from kvconv.format import layout
 
 FLAGS = layout.ENUMS["value_digest_flags"]
+_RECORD = layout.DTYPES["value_digest"]
+# ValueProbe._record packs the records as 9 little-endian words: 7 of 8 bytes, then cache_id|row, row_bytes|flags
+assert [(_RECORD.fields[f][0].str, _RECORD.fields[f][1]) for f in _RECORD.names] == [
+    ("<u8", 0), ("<u8", 8), ("<i8", 16), ("<u8", 24), ("<u8", 32), ("<u8", 40), ("<u8", 48), ("<u4", 56),
+    ("<u4", 60), ("<u4", 64), ("<u4", 68)] and _RECORD.itemsize == 72, "value_digest's layout changed"
 _U64 = 1 << 64
 
 
@@ -411,36 +419,53 @@ def _queue_slots(run: _FusedStep, tag: str, groups: list, memo: dict, slots: np.
         run.add(tag, cids, tok, bases, slots[tok] * sb, sb // 8)
 
 
-def _queue_rows(run: _FusedStep, tag: str, items, layouts: dict) -> list:
+def _row_plan(items, device) -> tuple:
+    """How the kernel reads handed-over rows (``items``: (cache, rows, checked tokens)): (cache ids, the rows
+    tensors (held), data_ptr() of the addressable ones, groups, indices of the others). A group, per (checked
+    tokens' key, slot width): the index of its first item, cache ids, row-0 addresses, row strides (one for all
+    where they agree) and the fewest rows of any."""
+    groups, fast, slow = {}, [], []
+    for i, (c, rows, tok) in enumerate(items):
+        _check_rows(c, rows, tok)
+        at = _row_layout(rows, device)
+        if at is None:
+            slow.append(i)
+            continue
+        fast.append(i)
+        g = groups.setdefault((c.live_key, c.slot_bytes), (i, c.slot_bytes, [], [], [], []))
+        for lst, x in zip(g[2:], (c.cache_id, at[0], at[1], int(rows.shape[0]))):
+            lst.append(x)
+    out = []
+    for first, sb, cids, ptrs, steps, ns in groups.values():
+        steps = np.asarray(steps, np.int64)
+        step = int(steps[0]) if (steps == steps[0]).all() else steps[:, None]
+        out.append((first, sb, np.asarray(cids, np.int64), np.asarray(ptrs, np.int64), step, min(ns)))
+    ptrs = [int(items[i][1].data_ptr()) for i in fast]
+    return tuple(c.cache_id for c, _r, _t in items), [r for _c, r, _t in items], ptrs, out, fast, slow
+
+
+def _queue_rows(run: _FusedStep, tag: str, items, plans: dict) -> list:
     """Queue handed-over rows (``items``: (cache, rows, checked tokens)) that the kernel can address; returns the
     others, for the torch path. Raises as :meth:`ValueProbe._rows_words` does for rows that do not fit.
 
-    ``layouts`` (cache id -> (rows, row count, address of row 0, row stride)) keeps each cache's last addressable
-    rows tensor and its layout: an engine hands the same static graph outputs every step, and reading a tensor's
-    shape and strides costs ~10 us a cache. Held, the tensor's id cannot be reused, and its data_ptr() is checked;
-    shape and strides change on the same object only by in-place metadata ops (resize_, as_strided_, t_), which
+    ``plans`` (tag -> :func:`_row_plan`) keeps the last step's plan: an engine hands the same static graph outputs
+    every step, and reading 80 tensors' shapes and strides costs more than the digests. Held, the tensors' ids
+    cannot be reused; the plan is kept while the same tensors come for the same caches with the same data_ptr().
+    Shape and strides change on the same object only by in-place metadata ops (resize_, as_strided_, t_), which
     nothing does to a graph's outputs (set_ moves the data, which the check sees)."""
-    groups, slow = {}, []
-    for c, rows, tok in items:
-        at = layouts.get(c.cache_id)
-        if at is None or at[0] is not rows or at[2] != rows.data_ptr():
-            _check_rows(c, rows, tok)
-            lay = _row_layout(rows, run.bufs.device)
-            if lay is None:
-                slow.append((c, rows, tok))
-                continue
-            at = layouts[c.cache_id] = (rows, int(rows.shape[0]), *lay)
-        elif len(tok) and int(tok[-1]) >= at[1]:
-            _check_rows(c, rows, tok)  # raises: too few rows
-        g = groups.setdefault((id(tok), c.slot_bytes), (tok, c.slot_bytes, [], [], []))
-        g[2].append(c.cache_id)
-        g[3].append(at[2])
-        g[4].append(at[3])
-    for tok, sb, cids, ptrs, steps in groups.values():
-        steps = np.asarray(steps, np.int64)
-        offs = tok * steps[0] if (steps == steps[0]).all() else tok[None, :] * steps[:, None]
-        run.add(tag, np.asarray(cids, np.int64), tok, np.asarray(ptrs, np.int64), offs, sb // 8)
-    return slow
+    plan = plans.get(tag)
+    if plan is None or plan[0] != tuple(c.cache_id for c, _r, _t in items) or \
+            any(r is not h for (_c, r, _t), h in zip(items, plan[1])) or \
+            plan[2] != [items[i][1].data_ptr() for i in plan[4]]:
+        plan = plans[tag] = _row_plan(items, run.bufs.device)
+    for first, sb, cids, ptrs, step, n in plan[3]:
+        tok = items[first][2]
+        if len(tok) and int(tok[-1]) >= n:
+            for i in plan[4]:
+                _check_rows(*items[i])  # raises: too few rows
+        offs = tok * step if isinstance(step, int) else tok[None, :] * step
+        run.add(tag, cids, tok, ptrs, offs, sb // 8)
+    return [items[i] for i in plan[5]]
 
 
 def _per_cache(blocks: dict) -> dict:
@@ -493,9 +518,10 @@ class ValueProbe(RecorderOwner):
         self.fused = False if fused is None and os.environ.get("KVCONV_VALUE_FUSED") == "0" else fused
         self.fused_steps = 0
         self._fused_dev = None  # (device or None) once decided for the watched caches
-        self._fused = None  # (_FusedBuffers, _slot_groups, row layouts) of the fused path, made with _fused_dev
+        self._fused = None  # (_FusedBuffers, _slot_groups, row plans) of the fused path, made with _fused_dev
         self.caches: list[_Cache] = []
         self._slot_bytes = np.zeros(0, np.int64)
+        self._words = np.empty((9, 0), "<u8")  # _record's scratch
         self.timings: list[tuple[int, int]] = []
         self._expect: dict[int, tuple[int, object]] = {}  # cache id -> (step, rows)
         self._step: int | None = None
@@ -548,13 +574,16 @@ class ValueProbe(RecorderOwner):
         pads = slots < 0 if pad is None else _host(pad, bool)
         if len(reqs) != len(slots) or len(pads) != len(slots):
             raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, {len(pads)} pad flags")
-        self._step = int(step)
-        for name, rows in (expect or {}).items():
-            self.expect_values(step, name, rows)
+        self._step = st = int(step)
+        for name, rows in (expect or {}).items():  # as expect_values (inline: 80 caches a step)
+            c = self._by_name.get(name) if isinstance(name, str) else None
+            self._expect[(c or self._cache(name)).cache_id] = (st, rows)
         t0 = time.perf_counter_ns()
         dev = self._fused_device() if eager is None else None
         memo: dict = {}
-        live = [(c, self._live(c, slots, pads, memo, dev is None)) for c in self.caches]
+        for c in {c.live_key: c for c in self.caches}.values():  # the checked tokens, once per live key
+            self._live(c, slots, pads, memo, dev is None)
+        live = [(c, memo[c.live_key]) for c in self.caches]
         run = None
         if dev is not None:
             run = _FusedStep(_kernel(), self._fused[0], 4 * sum(len(tok) for _c, (tok, _i) in live))
@@ -569,11 +598,8 @@ class ValueProbe(RecorderOwner):
             self._step = None
             raise
         t2 = time.perf_counter_ns()
-        given = []
-        for c, (tok, _idx) in live:
-            step_rows = self._expect.pop(c.cache_id, None)
-            if step_rows is not None and step_rows[0] == int(step):
-                given.append((c, step_rows[1], tok))
+        exp = self._expect
+        given = [(c, e[1], tok) for c, (tok, _i) in live if (e := exp.get(c.cache_id)) is not None and e[0] == st]
         if run is None:
             chunks["after"] = self._gather(live)
             chunks["given"] = self._rows_words(given)
@@ -742,17 +768,23 @@ class ValueProbe(RecorderOwner):
                 np.repeat([f for *_x, f in picked], lens))
 
     def _record(self, step, slots, reqs, cids, tok, expected, actual, before, flags) -> None:
-        """The step's value_digest records, one array (a record per checked token and cache, in cache order)."""
-        r = np.zeros(len(tok), layout.DTYPES["value_digest"])
-        r["step"], r["host_ns"], r["slot"], r["request_id"], r["row"] = int(step), time.monotonic_ns(), slots[tok], \
-            reqs[tok], tok
-        r["cache_id"] = cids
-        r["row_bytes"] = self._slot_bytes[cids]
-        r["expected"], r["actual"] = expected.view(np.uint64), actual.view(np.uint64)
-        flags = np.broadcast_to(np.asarray(flags, np.uint32), (len(tok),))
+        """The step's value_digest records, one array (a record per checked token and cache, in cache order). The
+        columns are written as rows of one [9, n] matrix of little-endian words (contiguous) and transposed into
+        the records once: assigning 11 strided fields of 5,120 records one by one costs twice as much. The matrix
+        is kept across steps (fresh memory costs its page faults, ~as much as the writes)."""
+        n = len(tok)
+        if self._words.shape[1] < n:
+            self._words = np.empty((9, max(n, 2 * self._words.shape[1])), "<u8")
+        m = self._words[:, :n]
+        m[0], m[1] = int(step), time.monotonic_ns()
+        m[2], m[3] = slots[tok].view(np.uint64), reqs[tok]
+        m[4], m[5] = expected.view(np.uint64), actual.view(np.uint64)
+        flags = np.asarray(flags, np.uint64)
         if before is not None:
-            r["before"] = before.view(np.uint64)
+            m[6] = before.view(np.uint64)
         else:
-            flags = flags | FLAGS["no_before"]
-        r["flags"] = flags
+            m[6], flags = 0, flags | FLAGS["no_before"]
+        m[7] = cids.astype(np.uint64) | (tok.astype(np.uint64) << np.uint64(32))  # cache_id, row: u4 each
+        m[8] = self._slot_bytes[cids].astype(np.uint64) | (flags << np.uint64(32))  # row_bytes, flags
+        r = np.ascontiguousarray(m.T).view(_RECORD).reshape(n)
         self.recorder.add_records("value_digest", r)
