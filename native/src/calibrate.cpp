@@ -4,12 +4,13 @@
 // event to its last block-exit event; the patch calls around the kernel's body are inside that span, so a short
 // kernel reads long (a 1.2 us paged-KV append: ~2.1 us on an H200). The sync thread loads the tracer's own kernel
 // module twice, patches one copy as a target module is patched (same enter/exit patch, its events into a buffer of
-// its own), and launches kvconv_calib_append alternately from both copies on its own non-blocking stream, each launch
-// between two CUDA events, in batches queued behind a 2 ms spin kernel (so they run back to back: events timed at the
-// host's launch rate measured ~22 us for a 2.3 us kernel on the H200). The patched copy's block events give the span
-// as kvconv measures it; the unpatched copy's events give the duration a profiler reports for the kernel untraced
-// (CUPTI cannot run beside the Sanitizer: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED on the H200):
-//   bias = median(tracer's span, patched) - median(event-timed duration, unpatched)
+// its own), and launches kvconv_calib_append alternately from both copies on its own non-blocking stream, between
+// one-thread %globaltimer stamp kernels, in batches queued behind a 2 ms spin (so that they run back to back). The
+// patched copy's block events give the span as kvconv measures it; the stream time the unpatched copy adds between two
+// stamps gives the duration a profiler reports for the kernel untraced (CUPTI itself cannot run beside the
+// Sanitizer: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED on the H200; CUDA events, even back to back, measured
+// 5.3 us for a 2.24 us kernel):
+//   bias = median(tracer's span, patched) - median(stream time between stamps, unpatched)
 // Both copies also stamp their own first entry and last exit (the kernel's own span, recorded for the record).
 // recorded in the metadata (`calibration`), where kvconv reads it to print raw and corrected durations.
 // KVCONV_CALIBRATE=0 turns it off. Costs ~2 x kLaunches short launches once, beside the program's first work.
@@ -26,13 +27,14 @@ thread_local int t_own_module = 0;
 
 static const int kLaunches = 200, kBlocks = 8, kThreads = 128, kWords = 256;  // 8 rows of 2 KiB, as a decode step
 static const uint64_t kCalibEvents = 2 * kLaunches * kBlocks + 64;
-// Launches are queued in batches behind a spin of kSpinNs (the host queues a batch's 100 launches and 200 events in
-// well under 1 ms): timed back to back, as kernels run inside a graph, not at the host's launch rate.
+// Launches are queued in batches behind a spin of kSpinNs (the host queues a batch's 350 launches in well under 2 ms):
+// timed back to back, as kernels run inside a graph, not at the host's launch rate.
 static const int kBatch = 50;
 static const unsigned long long kSpinNs = 2000000;
 
 struct CalibBuffers {
   CUdeviceptr state = 0, dst = 0, src = 0, first = 0, last = 0;  // first/last: [2][kLaunches] (plain, patched)
+  CUdeviceptr stamps = 0;                                           // [kLaunches][5] %globaltimer stamps
 };
 
 static bool alloc_buffers(CalibBuffers& b, CUstream s) {
@@ -45,6 +47,7 @@ static bool alloc_buffers(CalibBuffers& b, CUstream s) {
   if (g_drv.memAlloc(&b.src, (size_t)kBlocks * kWords * 8) != CUDA_SUCCESS) return false;
   if (g_drv.memAlloc(&b.first, 2 * kLaunches * 8) != CUDA_SUCCESS) return false;
   if (g_drv.memAlloc(&b.last, 2 * kLaunches * 8) != CUDA_SUCCESS) return false;
+  if (g_drv.memAlloc(&b.stamps, 5 * kLaunches * 8) != CUDA_SUCCESS) return false;
   bool ok = g_drv.memsetD8Async(b.first, 0xff, 2 * kLaunches * 8, s) == CUDA_SUCCESS;
   ok &= g_drv.memsetD8Async(b.last, 0, 2 * kLaunches * 8, s) == CUDA_SUCCESS;
   ok &= g_drv.memsetD8Async(b.src, 1, (size_t)kBlocks * kWords * 8, s) == CUDA_SUCCESS;
@@ -127,29 +130,35 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
     if (!c->patched_modules.count(mp)) return "the calibration copy was not patched";
     c->own_fn[fp] = b.state;  // slot 0, tag 0: only the state address is read
   }
-  // Events around every launch (both copies): the unpatched copy's event-timed duration is the reference a
-  // profiler's kernel duration compares with. Never destroyed: 800 events, once per context.
-  std::vector<CUevent> ev(4 * kLaunches, nullptr);
-  bool timed = g_drv.eventCreate && g_drv.eventRecord && g_drv.eventElapsedTime;
-  for (auto& e : ev)
-    if (timed && g_drv.eventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) timed = false;
-  CUfunction spin = nullptr;
-  if (g_drv.moduleGetFunction(&spin, mq, "kvconv_calib_spin") != CUDA_SUCCESS) timed = false;
+  // Per sample, on the calibration stream: S0 plain S1 S2 S3 patched S4, S a one-thread %globaltimer stamp
+  // (kvconv_clock_read). What a kernel adds to the stream between two stamps, against two stamps with nothing between
+  // ((S1 - S0) - (S3 - S2)), is its duration as a profiler sees it, launch and drain included (the kernel's own
+  // first-to-last-instruction span misses ~0.7-1.8 us of that on the H200).
+  CUfunction spin = nullptr, stamp = nullptr;
+  if (g_drv.moduleGetFunction(&spin, mq, "kvconv_calib_spin") != CUDA_SUCCESS ||
+      g_drv.moduleGetFunction(&stamp, mq, "kvconv_clock_read") != CUDA_SUCCESS)
+    return "the calibration module lacks its spin or stamp kernel";
   int words = kWords;
+  auto put_stamp = [&](int i) {
+    CUdeviceptr at = b.stamps + 8ull * i;
+    void* sargs[] = {&at};
+    return g_drv.launchKernel(stamp, 1, 1, 1, 1, 1, 1, 0, s, sargs, nullptr) == CUDA_SUCCESS;
+  };
+  auto put_kernel = [&](int which, int k) {
+    int idx = which * kLaunches + k;
+    void* args[] = {&b.dst, &b.src, &words, &b.first, &b.last, &idx};
+    return g_drv.launchKernel(which ? fp : fq, kBlocks, 1, 1, kThreads, 1, 1, 0, s, args, nullptr) == CUDA_SUCCESS;
+  };
   for (int k = 0; k < kLaunches; ++k) {
-    if (k % kBatch == 0 && timed) {  // the GPU busy while a batch is queued: its launches then run back to back
+    if (k % kBatch == 0) {  // the GPU busy while a batch is queued: its launches then run back to back
       unsigned long long ns = kSpinNs;
       void* sargs[] = {&ns};
-      if (g_drv.launchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, sargs, nullptr) != CUDA_SUCCESS) timed = false;
+      if (g_drv.launchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, sargs, nullptr) != CUDA_SUCCESS) return "the spin failed";
     }
-    for (int which = 0; which < 2; ++which) {  // plain, patched, in turn: the same conditions for both
-      int idx = which * kLaunches + k;
-      void* args[] = {&b.dst, &b.src, &words, &b.first, &b.last, &idx};
-      if (timed) timed = g_drv.eventRecord(ev[2 * idx], s) == CUDA_SUCCESS;
-      if (g_drv.launchKernel(which ? fp : fq, kBlocks, 1, 1, kThreads, 1, 1, 0, s, args, nullptr) != CUDA_SUCCESS)
-        return "a calibration launch failed";
-      if (timed) timed = g_drv.eventRecord(ev[2 * idx + 1], s) == CUDA_SUCCESS;
-    }
+    const int z = 5 * k;
+    if (!put_stamp(z) || !put_kernel(0, k) || !put_stamp(z + 1) || !put_stamp(z + 2) || !put_stamp(z + 3) ||
+        !put_kernel(1, k) || !put_stamp(z + 4))
+      return "a calibration launch failed";
     if (k % kBatch == kBatch - 1 && g_drv.streamSynchronize(s) != CUDA_SUCCESS) return "a calibration batch failed";
   }
   kvconv_dev_state st;
@@ -157,17 +166,21 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   bool ok = g_drv.memcpyDtoHAsync(&st, b.state, sizeof st, s) == CUDA_SUCCESS;
   ok &= g_drv.memcpyDtoHAsync(first.data(), b.first, first.size() * 8, s) == CUDA_SUCCESS;
   ok &= g_drv.memcpyDtoHAsync(last.data(), b.last, last.size() * 8, s) == CUDA_SUCCESS;
+  std::vector<unsigned long long> stamps(5 * kLaunches);
+  ok &= g_drv.memcpyDtoHAsync(stamps.data(), b.stamps, stamps.size() * 8, s) == CUDA_SUCCESS;
   if (!ok || g_drv.streamSynchronize(s) != CUDA_SUCCESS) return "reading the calibration back";
   const uint64_t n = std::min<uint64_t>(st.next, kCalibEvents);
   std::vector<kvconv_device_event_t> events(n);
   if (n && (g_drv.memcpyDtoHAsync(events.data(), st.events, n * sizeof(kvconv_device_event_t), s) != CUDA_SUCCESS ||
             g_drv.streamSynchronize(s) != CUDA_SUCCESS))
     return "reading the calibration's events back";
-  std::vector<double> span, block, own[2], timed_ns[2];
+  std::vector<double> span, block, own[2], added[2];
   traced_spans(events, span, block);
-  for (int i = 0; timed && i < 2 * kLaunches; ++i) {
-    float ms = 0;
-    if (g_drv.eventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]) == CUDA_SUCCESS) timed_ns[i / kLaunches].push_back(ms * 1e6);
+  for (int k = 0; k < kLaunches; ++k) {
+    const unsigned long long* t = &stamps[5 * k];
+    const double empty = static_cast<double>(t[3] - t[2]);  // two stamps with nothing between
+    added[0].push_back(static_cast<double>(t[1] - t[0]) - empty);
+    added[1].push_back(static_cast<double>(t[4] - t[3]) - empty);
   }
   for (int w = 0; w < 2; ++w)
     for (int k = 0; k < kLaunches; ++k)
@@ -180,14 +193,13 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   r.traced_ns = median(span);
   r.own_plain_ns = median(own[0]);
   r.own_patched_ns = median(own[1]);
-  r.event_plain_ns = median(timed_ns[0]);
-  r.event_patched_ns = median(timed_ns[1]);
-  if (timed_ns[0].size() < kLaunches / 2) return "CUDA events unavailable for the reference durations";
-  r.bias_ns = r.traced_ns - r.event_plain_ns;
+  r.stream_plain_ns = median(added[0]);
+  r.stream_patched_ns = median(added[1]);
+  r.bias_ns = r.traced_ns - r.stream_plain_ns;
   if (r.bias_ns < 0) return "the untraced reference outlasted the traced span (other work on the GPU meanwhile?)";
   r.per_block_ns = median(block);
   std::vector<double> each;
-  for (double x : span) each.push_back(x - r.event_plain_ns);
+  for (double x : span) each.push_back(x - r.stream_plain_ns);
   r.bias_p10_ns = quantile(each, 0.1), r.bias_p90_ns = quantile(each, 0.9);
   return "";
 }
@@ -208,9 +220,9 @@ void calibrate(Ctx* c) {  // the sync thread, after the context's first clock sy
   }
   r.done = r.why.empty();
   if (r.done)
-    logf(1, "context %u: calibration: tracer span %.0f ns, event-timed %.0f ns (patched %.0f), kernel's own %.0f ns "
+    logf(1, "context %u: calibration: tracer span %.0f ns, stream time %.0f ns (patched %.0f), kernel's own %.0f ns "
             "(patched %.0f): bias %.0f ns (p10 %.0f, p90 %.0f) over %u launches",
-         c->index, r.traced_ns, r.event_plain_ns, r.event_patched_ns, r.own_plain_ns, r.own_patched_ns, r.bias_ns,
+         c->index, r.traced_ns, r.stream_plain_ns, r.stream_patched_ns, r.own_plain_ns, r.own_patched_ns, r.bias_ns,
          r.bias_p10_ns, r.bias_p90_ns, r.launches);
   else logf(1, "context %u: no calibration: %s", c->index, r.why.c_str());
   c->calib = r;

@@ -85,9 +85,6 @@ struct Drv {
   CUresult (*memAlloc)(CUdeviceptr*, size_t) = nullptr;  // calibration only (calibrate.cpp)
   CUresult (*memcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
   CUresult (*memsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
-  CUresult (*eventCreate)(CUevent*, unsigned) = nullptr;
-  CUresult (*eventRecord)(CUevent, CUstream) = nullptr;
-  CUresult (*eventElapsedTime)(float*, CUevent, CUevent) = nullptr;
 };
 extern Drv g_drv;
 void load_driver();
@@ -111,14 +108,14 @@ struct KernelInfo {
 
 // The start-up calibration (calibrate.cpp): medians over `launches` launches of kvconv_calib_append (blocks x
 // threads) of the tracer's span (first block entry to last block exit, as durations are measured) on a patched
-// copy of the kernel, and of the unpatched copy's duration between CUDA events around each launch (what a profiler
-// reports as the kernel's duration) and its own span (first instruction to last); bias = traced - event-timed.
+// copy of the kernel, and of the stream time the unpatched copy adds between two stamp kernels (what a profiler
+// reports as the kernel's duration) and its own span (first instruction to last); bias = traced - stream time.
 struct Calibration {
   bool done = false;
   std::string why;  // not done: why
   uint32_t launches = 0, blocks = 0, threads = 0, row_bytes = 0;
   double traced_ns = 0, own_patched_ns = 0, own_plain_ns = 0, bias_ns = 0, per_block_ns = 0;
-  double event_plain_ns = 0, event_patched_ns = 0;  // CUDA-event-timed durations (0: events unavailable)
+  double stream_plain_ns = 0, stream_patched_ns = 0;  // stream time added between two stamp kernels
   double bias_p10_ns = 0, bias_p90_ns = 0;  // of the per-launch bias (patched span minus the plain median)
   uint64_t events = 0, dropped = 0;
 };

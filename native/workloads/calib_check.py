@@ -10,8 +10,9 @@ launched ``--launches`` times eagerly on torch's stream.
 ``--profile``: the launches under torch.profiler (CUPTI activity records), the kernel's durations read from the
 profiler's trace (``dur``, us) and their median printed (traced and profiled at once, CUPTI gets no records: it cannot
 subscribe beside the Sanitizer). Then 200 more launches, each between two CUDA events, queued behind a spin so that
-they run back to back (``events``: the reference the tracer's calibration uses), and 200 at the host's rate
-(``events_unprimed``). Prints one JSON line.
+they run back to back (``events``), and 200 at the host's rate (``events_unprimed``); then the tracer's calibration
+reference on this kernel (``stamps``: the stream time it adds between two one-thread %globaltimer stamp kernels, back
+to back). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ extern "C" __global__ void paged_append_calib(const unsigned short* __restrict__
 }
 """
 NAME = "paged_append_calib"
+STAMP = r"""
+extern "C" __global__ void stamp(unsigned long long* out, int i) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  out[i] = t;
+}
+"""
 
 
 def cupti_durations(trace_path: str) -> list[float]:
@@ -115,6 +123,22 @@ def main(argv=None) -> int:
     for key, primed in (("events", True), ("events_unprimed", False)):
         ev = timed(primed)
         out[key] = {"launches": len(ev), "median_ns": statistics.median(ev), "mean_ns": statistics.fmean(ev)}
+    # the tracer's reference, here: the stream time the kernel adds between two one-thread %globaltimer stamps,
+    # against two stamps with nothing between (S0 K S1 S2 S3), back to back behind a spin
+    st = cp.RawModule(code=STAMP).get_function("stamp")
+    buf = cp.zeros(4 * 200, dtype=cp.uint64)
+    with cp.cuda.ExternalStream(stream.cuda_stream):
+        for i in range(200):
+            if i % 50 == 0:
+                torch.cuda._sleep(20_000_000)
+            for j in range(4):
+                st((1,), (1,), (buf, np.int32(4 * i + j)))
+                if j == 0:
+                    launch()
+    torch.cuda.synchronize()
+    t = cp.asnumpy(buf).astype(np.int64).reshape(200, 4)
+    added = (t[:, 1] - t[:, 0]) - (t[:, 3] - t[:, 2])
+    out["stamps"] = {"launches": 200, "median_ns": float(np.median(added)), "mean_ns": float(added.mean())}
     line = json.dumps(out)
     print(line, flush=True)
     if args.json:
