@@ -317,9 +317,10 @@ def _row_layout(rows, device):
 class _FusedBuffers:
     """The fused path's buffers, kept across steps (pinned memory costs more to allocate than the digests): per
     phase ("before", "after") pinned host addresses and their device copy, and the device digests with their pinned
-    host copy. An event marks each pair's last copy; it is waited for before the host side is written again: the
-    copies are asynchronous, and a step that raised may leave one pending (a buffer dropped when grown is held by
-    torch's pinned allocator until its copy is done)."""
+    host copy. An event marks the end of the work on each pair (its copy and the launches reading it); it is waited
+    for before the pair is used again: the copies are asynchronous, and a step that raised may leave its work
+    pending, on a stream the next step may not share (a buffer dropped when grown is held by torch's pinned
+    allocator until its copy is done)."""
 
     def __init__(self, device) -> None:
         import torch
@@ -342,14 +343,22 @@ class _FusedBuffers:
         return new
 
     def copy(self, name: str, n: int, *, to_device: bool):
-        """Queue the copy of the first ``n`` words of pair ``name`` (either way) and mark it with its event."""
-        host, _np, dev, ev = self.pairs[name]
+        """Queue the copy of the first ``n`` words of pair ``name`` (either way); :meth:`mark` it after."""
+        host, _np, dev, _ev = self.pairs[name]
         if to_device:
             dev[:n].copy_(host[:n], non_blocking=True)
         else:
             host[:n].copy_(dev[:n], non_blocking=True)
-        ev.record(self.torch.cuda.current_stream(self.device))
         return dev[:n]
+
+    def mark(self, name: str) -> None:
+        """Record pair ``name``'s event after the work queued so far on the current stream."""
+        self.pairs[name][3].record(self.torch.cuda.current_stream(self.device))
+
+    def wait(self) -> None:
+        """Wait for the work on every pair (done already, unless the last step raised)."""
+        for pair in self.pairs.values():
+            pair[3].synchronize()
 
 
 class _FusedStep:
@@ -359,6 +368,7 @@ class _FusedStep:
 
     def __init__(self, kernel, bufs: _FusedBuffers, capacity: int) -> None:
         self.kernel, self.bufs = kernel, bufs
+        bufs.wait()
         self.out = bufs.get("digests", capacity)[2]
         self.used, self.parts, self.queued = 0, [], {}
 
@@ -382,6 +392,7 @@ class _FusedStep:
             for words, start, end in spans:
                 if end > start:
                     self.kernel(dev[start:end], self.out[self.used + start:self.used + end], words)
+            self.bufs.mark(phase)
         self.used += n
         self.queued = {}
 
@@ -390,9 +401,9 @@ class _FusedStep:
         host copy (the step's synchronisation). The arrays view the pinned buffer: used before the next step."""
         n = self.used
         self.bufs.copy("digests", n, to_device=False)
-        ev = self.bufs.pairs["digests"][3]
+        self.bufs.mark("digests")
+        _t, host, _d, ev = self.bufs.pairs["digests"]
         ev.synchronize()
-        host = self.bufs.pairs["digests"][1]
         out: dict = {tag: [] for tag in _TAGS}
         for tag, cids, tok, at in self.parts:
             out[tag].append((cids, tok, host[at:at + len(cids) * len(tok)].reshape(len(cids), len(tok))))
