@@ -22,7 +22,7 @@ import numpy as np
 class Calibration:
     bias_ns: int  # added to a launch's span by the instrumentation (traced span - untraced reference)
     traced_span_ns: int  # the calibration kernel's span as kvconv measures it, patched (median)
-    reference_ns: int  # the stream time the same kernel adds unpatched, between two stamp kernels (median)
+    reference_ns: int  # CUPTI's duration of the same kernel untraced (median; a program run without the tracer)
     launches: int
     kernel: str
 
@@ -33,12 +33,6 @@ class Calibration:
     def as_dict(self) -> dict:
         return {"bias_ns": self.bias_ns, "traced_span_ns": self.traced_span_ns, "reference_ns": self.reference_ns,
                 "launches": self.launches, "kernel": self.kernel}
-
-    def line(self) -> str:
-        return (f"  calibration: the tracer adds {self.bias_ns / 1e3:.2f} us to a launch's span (measured at start-up "
-                f"on {self.kernel}, {self.launches} launches: {self.traced_span_ns / 1e3:.2f} us traced, "
-                f"{self.reference_ns / 1e3:.2f} us untraced); corrected = raw - "
-                f"{self.bias_ns / 1e3:.2f} us")
 
 
 def of_metadata(meta: dict, ctx: int) -> Calibration | None:
@@ -51,7 +45,7 @@ def of_metadata(meta: dict, ctx: int) -> Calibration | None:
             return None
         try:
             return Calibration(bias_ns=int(cal["bias_ns"]), traced_span_ns=int(cal["traced_span_ns"]),
-                               reference_ns=int(cal["stream_unpatched_ns"]), launches=int(cal["launches"]),
+                               reference_ns=int(cal["cupti_unpatched_ns"]), launches=int(cal["launches"]),
                                kernel=str(cal.get("kernel", "?")))
         except (KeyError, TypeError, ValueError):
             return None

@@ -361,7 +361,7 @@ def lines(sec: dict) -> list[str]:
     if cal:
         out.append(f"    raw durations include the tracer's own {_us(cal['bias_ns'])} per launch, measured at start-up "
                    f"({cal['kernel']}, {cal['launches']} launches: {_us(cal['traced_span_ns'])} traced, "
-                   f"{_us(cal['reference_ns'])} untraced); corrected = raw - {_us(cal['bias_ns'])}")
+                   f"{_us(cal['reference_ns'])} untraced under CUPTI); corrected = raw - {_us(cal['bias_ns'])}")
     else:
         out.append("    raw durations include the tracer's own enter/exit cost (the dump records no calibration)")
     for e in sec["eager"]:

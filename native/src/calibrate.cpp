@@ -6,18 +6,30 @@
 // module twice, patches one copy as a target module is patched (same enter/exit patch, its events into a buffer of
 // its own), and launches kvconv_calib_append alternately from both copies on its own non-blocking stream, between
 // one-thread %globaltimer stamp kernels, in batches queued behind a 2 ms spin (so that they run back to back). The
-// patched copy's block events give the span as kvconv measures it; the stream time the unpatched copy adds between two
-// stamps gives the duration a profiler reports for the kernel untraced (CUPTI itself cannot run beside the
-// Sanitizer: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED on the H200; CUDA events, even back to back, measured
-// 5.3 us for a 2.24 us kernel):
-//   bias = median(tracer's span, patched) - median(stream time between stamps, unpatched)
-// Both copies also stamp their own first entry and last exit (the kernel's own span, recorded for the record).
+// patched copy's block events give the span as kvconv measures it. The reference is what a profiler reports for the
+// kernel untraced: CUPTI's duration, taken by kvconv_calib_cupti (calib_cupti.cpp), a program run without the
+// injection, since CUPTI cannot subscribe beside the Sanitizer (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED on the
+// H200) and nothing measured on the device stands in for it (CUDA events, even back to back: 5.3 us for a 2.24 us
+// kernel; the stream time between stamp kernels adds the ~0.9 us gap to the next kernel; the kernel's own first-to-
+// last-instruction span misses its launch and drain):
+//   bias = median(tracer's span, patched) - median(CUPTI duration, untraced)
+// The stream times and the kernel's own spans (both copies) are recorded beside it.
 // recorded in the metadata (`calibration`), where kvconv reads it to print raw and corrected durations.
 // KVCONV_CALIBRATE=0 turns it off. Costs ~2 x kLaunches short launches once, beside the program's first work.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <vector>
+
+extern char** environ;
 
 #include "tracer.h"
 
@@ -195,12 +207,74 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   r.own_patched_ns = median(own[1]);
   r.stream_plain_ns = median(added[0]);
   r.stream_patched_ns = median(added[1]);
-  r.bias_ns = r.traced_ns - r.stream_plain_ns;
-  if (r.bias_ns < 0) return "the untraced reference outlasted the traced span (other work on the GPU meanwhile?)";
   r.per_block_ns = median(block);
   std::vector<double> each;
-  for (double x : span) each.push_back(x - r.stream_plain_ns);
+  r.spans = span;
+  return "";
+}
+
+// CUPTI's median duration of the calibration kernel, untraced, from kvconv_calib_cupti (calib_cupti.cpp) run
+// without the injection; "" and the value, or why not. At most ~20 s (a CUDA context's set-up in the child).
+static std::string cupti_reference(int device, double* ns) {
+  const std::string exe = g_cfg.calib_cupti_file;
+  if (access(exe.c_str(), X_OK) != 0) return "no " + exe;
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e)
+    if (strncmp(*e, "CUDA_INJECTION64_PATH=", 22) != 0) env.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string dev = std::to_string(device), n = "200";
+  std::vector<char*> argv = {const_cast<char*>(exe.c_str()), const_cast<char*>(g_cfg.clocksync_file.c_str()),
+                             const_cast<char*>(dev.c_str()), const_cast<char*>(n.c_str()), nullptr};
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return "pipe";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return "cannot run " + exe;
+  }
+  std::string out;
+  char buf[256];
+  const uint64_t until = now_ns() + 20000000000ull;
+  for (;;) {
+    struct pollfd p = {fds[0], POLLIN, 0};
+    const int left = static_cast<int>((until - std::min(until, now_ns())) / 1000000);
+    if (left <= 0 || poll(&p, 1, left) <= 0) break;
+    const ssize_t k = read(fds[0], buf, sizeof buf);
+    if (k <= 0) break;
+    out.append(buf, static_cast<size_t>(k));
+  }
+  close(fds[0]);
+  int status = 0;
+  if (waitpid(pid, &status, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return exe + " took over 20 s";
+  }
+  const size_t at = out.find("\"median_ns\": ");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || at == std::string::npos)
+    return exe + " found no CUPTI reference (see its stderr)";
+  *ns = strtod(out.c_str() + at + 13, nullptr);
+  return *ns > 0 ? "" : exe + " printed no duration";
+}
+
+// bias = the tracer's span (patched) - CUPTI's duration (unpatched), with the spread of the per-launch spans.
+static std::string finish_bias(Ctx* c, Calibration& r) {
+  std::string why = cupti_reference(c->device, &r.cupti_plain_ns);
+  if (!why.empty()) return "no untraced reference: " + why;
+  r.bias_ns = r.traced_ns - r.cupti_plain_ns;
+  if (r.bias_ns < 0) return "CUPTI's untraced duration outlasted the traced span (other work on the GPU meanwhile?)";
+  std::vector<double> each;
+  for (double x : r.spans) each.push_back(x - r.cupti_plain_ns);
   r.bias_p10_ns = quantile(each, 0.1), r.bias_p90_ns = quantile(each, 0.9);
+  r.spans.clear();
   return "";
 }
 
@@ -217,13 +291,14 @@ void calibrate(Ctx* c) {  // the sync thread, after the context's first clock sy
     r.why = run(c, r, c->sres.stream);
     CUcontext popped;
     g_drv.ctxPop(&popped);
+    if (r.why.empty()) r.why = finish_bias(c, r);
   }
   r.done = r.why.empty();
   if (r.done)
-    logf(1, "context %u: calibration: tracer span %.0f ns, stream time %.0f ns (patched %.0f), kernel's own %.0f ns "
-            "(patched %.0f): bias %.0f ns (p10 %.0f, p90 %.0f) over %u launches",
-         c->index, r.traced_ns, r.stream_plain_ns, r.stream_patched_ns, r.own_plain_ns, r.own_patched_ns, r.bias_ns,
-         r.bias_p10_ns, r.bias_p90_ns, r.launches);
+    logf(1, "context %u: calibration: tracer span %.0f ns, CUPTI untraced %.0f ns, stream time %.0f ns (patched "
+            "%.0f), kernel's own %.0f ns (patched %.0f): bias %.0f ns (p10 %.0f, p90 %.0f) over %u launches",
+         c->index, r.traced_ns, r.cupti_plain_ns, r.stream_plain_ns, r.stream_patched_ns, r.own_plain_ns,
+         r.own_patched_ns, r.bias_ns, r.bias_p10_ns, r.bias_p90_ns, r.launches);
   else logf(1, "context %u: no calibration: %s", c->index, r.why.c_str());
   c->calib = r;
   c->calibrated.store(true);

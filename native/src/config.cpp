@@ -119,6 +119,8 @@ void load_config() {
   g_cfg.patch_file = pf && *pf ? pf : dir + "/kvconv_patch.fatbin";
   const char* cf = getenv("KVCONV_CLOCKSYNC_FILE");
   g_cfg.clocksync_file = cf && *cf ? cf : dir + "/kvconv_clocksync.fatbin";
+  const char* cc = getenv("KVCONV_CALIB_CUPTI");
+  g_cfg.calib_cupti_file = cc && *cc ? cc : dir + "/kvconv_calib_cupti";
 }
 
 bool per_context_files() { return g_cfg.output.find("%c") != std::string::npos; }

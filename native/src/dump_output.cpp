@@ -118,6 +118,7 @@ static void write_calibration(kvconv::JsonWriter& j, const Ctx* c) {
   j.kv("row_bytes", r.row_bytes).kv("events", r.events).kv("events_dropped", r.dropped);
   j.kv("traced_span_ns", ns(r.traced_ns)).kv("own_span_unpatched_ns", ns(r.own_plain_ns));
   j.kv("own_span_patched_ns", ns(r.own_patched_ns)).kv("block_span_ns", ns(r.per_block_ns));
+  j.kv("cupti_unpatched_ns", ns(r.cupti_plain_ns));
   j.kv("stream_unpatched_ns", ns(r.stream_plain_ns)).kv("stream_patched_ns", ns(r.stream_patched_ns));
   j.kv("bias_ns", ns(r.bias_ns)).kv("bias_p10_ns", ns(r.bias_p10_ns)).kv("bias_p90_ns", ns(r.bias_p90_ns));
   j.end_object();

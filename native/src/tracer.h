@@ -56,7 +56,7 @@ struct Config {
   bool no_callbacks = false;     // KVCONV_CALLBACKS=none: injected and subscribed, nothing enabled (the cost floor)
   int verbose = 0;
   bool calibrate = true;         // KVCONV_CALIBRATE=0: no start-up calibration of the enter/exit bias
-  std::string patch_file, clocksync_file;
+  std::string patch_file, clocksync_file, calib_cupti_file;
 };
 extern Config g_cfg;
 void load_config();
@@ -108,14 +108,16 @@ struct KernelInfo {
 
 // The start-up calibration (calibrate.cpp): medians over `launches` launches of kvconv_calib_append (blocks x
 // threads) of the tracer's span (first block entry to last block exit, as durations are measured) on a patched
-// copy of the kernel, and of the stream time the unpatched copy adds between two stamp kernels (what a profiler
-// reports as the kernel's duration) and its own span (first instruction to last); bias = traced - stream time.
+// copy of the kernel and CUPTI's duration of it untraced (kvconv_calib_cupti, run without the injection); bias =
+// traced - CUPTI. Recorded beside: the stream time each copy adds between two stamp kernels, their own spans.
 struct Calibration {
   bool done = false;
   std::string why;  // not done: why
   uint32_t launches = 0, blocks = 0, threads = 0, row_bytes = 0;
   double traced_ns = 0, own_patched_ns = 0, own_plain_ns = 0, bias_ns = 0, per_block_ns = 0;
   double stream_plain_ns = 0, stream_patched_ns = 0;  // stream time added between two stamp kernels
+  double cupti_plain_ns = 0;                          // CUPTI's duration untraced (kvconv_calib_cupti)
+  std::vector<double> spans;                          // per-launch traced spans until the bias is computed
   double bias_p10_ns = 0, bias_p90_ns = 0;  // of the per-launch bias (patched span minus the plain median)
   uint64_t events = 0, dropped = 0;
 };
