@@ -218,9 +218,14 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
 static std::string cupti_reference(int device, double* ns) {
   const std::string exe = g_cfg.calib_cupti_file;
   if (access(exe.c_str(), X_OK) != 0) return "no " + exe;
+  // A whitelist, not the process's environment less CUDA_INJECTION64_PATH: with that the child hung (over 20 s,
+  // H200) — the injected process's environment also carries the Sanitizer's own settings.
   std::vector<std::string> env;
+  static const char* keep[] = {"PATH=", "HOME=", "LD_LIBRARY_PATH=", "CUDA_VISIBLE_DEVICES=", "CUDA_DEVICE_ORDER=",
+                               "KVCONV_CUPTI_LIB=", "TMPDIR="};
   for (char** e = environ; *e; ++e)
-    if (strncmp(*e, "CUDA_INJECTION64_PATH=", 22) != 0) env.emplace_back(*e);
+    for (const char* k : keep)
+      if (strncmp(*e, k, strlen(k)) == 0) env.emplace_back(*e);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -253,7 +258,9 @@ static std::string cupti_reference(int device, double* ns) {
   }
   close(fds[0]);
   int status = 0;
-  if (waitpid(pid, &status, WNOHANG) == 0) {
+  pid_t done = 0;  // its stdout closed (or the time is up): reap it, waiting what is left of the 20 s
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && now_ns() < until) usleep(1000);
+  if (done == 0) {
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     return exe + " took over 20 s";
