@@ -4,10 +4,10 @@ entry to exit paired first-in first-out per block). Per block nothing is kept ac
 independent of the number of blocks): the first pass keeps the lanes each SM needs, the second pass pairs again
 chunk by chunk, a little ahead of what it writes, and gives each block the same lane.
 
-    >>> timing = Timing(ctx, chunk)                              # doctest: +SKIP
-    >>> for first, recs in ctx.chunks(chunk, sub=SLICE): timing.feed(first, recs)
-    >>> durations, lanes = timing.finish(agg.count, agg.first_ts)   # (None, None): the dump has no exits
-    >>> win = BlockStream(ctx, lanes, chunk).window(di)        # second pass: the pairs of the events ``di``
+    >>> lanes = Lanes(ctx, chunk)                                # doctest: +SKIP
+    >>> for j in context_pass: lanes.feed(j)                     # the join's chunks (kvconv.join.passes)
+    >>> bl = lanes.finish(rows.open_index)                       # None: no block paired
+    >>> win = BlockStream(ctx, bl).window(di)                  # second pass: the pairs of the events ``di``
 
 Lanes: per SM, the slices sorted by (entry, exit, entry's index) each take the lowest lane whose last slice ended
 before they begin. Run streaming: a slice is placed once every slice before it in that order is known, i.e. its
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconv.emit._stream import SLICE, Ctx
-from kvconv.join.durations import BlockPairer, Durations, LaunchDurations
+from kvconv.join.durations import BlockPairer
+from kvconv.join.passes import Joined
 
 _I64 = np.iinfo(np.int64)
 _NSM = 1 << 16  # smid is u16
@@ -134,52 +135,32 @@ def _lookup(sorted_ix: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.where(hit, lo + pos, -1)
 
 
-def _waiting(pairer: BlockPairer, exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(smid, entry time) of the entries waiting for their exit (less ``exclude``: entries never paired)."""
-    p = pairer.pending
-    if p is None or not len(p["t"]):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if exclude is not None and len(exclude):
-        k = ~np.isin(p["index"], exclude, assume_unique=True)
-        return p["smid"][k], p["t"][k]
-    return p["smid"], p["t"]
-
-
-class Timing:
-    """Fed each chunk of the first pass (all of the context's events, before any filter, in chunks of
-    ``ctx.chunks(chunk, sub=SLICE)``)."""
+class Lanes:
+    """The first pass's lanes of paired blocks: fed each chunk the join hands back (:class:`Joined`, all of the
+    context's events, before any filter, in chunks of ``ctx.chunks(chunk, sub=SLICE)``)."""
 
     def __init__(self, c: Ctx, chunk: int) -> None:
         self.c, self.chunk = c, chunk
-        self.ld = LaunchDurations(c.host, c.xjoin, enters=False)
         self.marks: Watermarks | None = None
         self.lanes = LaneStream()
         self.paired = 0
 
-    def feed(self, first: int, recs: np.ndarray) -> None:
-        p = self.ld.feed(first, recs)
-        if self.ld.pairer.pending is None:
+    def feed(self, j: Joined) -> None:
+        b = j.paired
+        if b is None:
             return
         if self.marks is None:  # the first exit: blocks will be drawn as slices
             self.marks = Watermarks(self.c, self.chunk)
+        p = b.pairs
         self.paired += len(p)
-        sm = recs["smid"][p.exit_index - first]
-        self.lanes.feed(sm, p.start_ns, p.end_ns, p.enter_index, self.marks.at(first + len(recs)),
-                        *_waiting(self.ld.pairer))
+        self.lanes.feed(b.smid, p.start_ns, p.end_ns, p.enter_index, self.marks.at(j.end), *b.waiting)
 
-    def finish(self, count: np.ndarray, first_ts: np.ndarray) -> tuple[Durations | None, BlockLanes | None]:
-        """The launches' durations (their start: the earliest matched entry the first pass found) and the lanes of
-        the paired blocks; (None, None) when the context holds no block exit."""
-        if not self.ld.n_exit:
-            return None, None
-        start = np.where(count > 0, first_ts.astype(np.int64), _I64.max)
-        dur = self.ld.finish(start_ns=start)
+    def finish(self, open_index: np.ndarray) -> BlockLanes | None:
+        """The lanes of the paired blocks (``open_index``: the entries never paired); None when none paired."""
         if not self.paired:
-            return dur, None
+            return None
         self.lanes.feed([], [], [], [], int(_I64.max), [], [])  # the rest: every slice is known
-        pend = self.ld.pairer.pending
-        return dur, BlockLanes(sm_lanes=self.lanes.lanes(), open_index=np.sort(pend["index"]), marks=self.marks,
-                               chunk=self.chunk)
+        return BlockLanes(sm_lanes=self.lanes.lanes(), open_index=open_index, marks=self.marks, chunk=self.chunk)
 
 
 class BlockStream:
@@ -242,7 +223,7 @@ class BlockStream:
         self._place(sm, p.start_ns, p.end_ns, p.enter_index, self.bl.marks.at(self.fed))
 
     def _place(self, sm, start, end, index, limit: int) -> None:
-        ix, end, lane = self.lanes.feed(sm, start, end, index, limit, *_waiting(self.pairer, self.bl.open_index))
+        ix, end, lane = self.lanes.feed(sm, start, end, index, limit, *self.pairer.waiting(self.bl.open_index))
         if len(ix):
             self.res.append((ix, end, lane))
 

@@ -26,6 +26,7 @@ from kvconv.format import layout
 from kvconv.format.errors import UsageError
 from kvconv.join.exact import ExactJoin
 from kvconv.join.launches import LaunchTable, release_groups
+from kvconv.join.passes import probe
 from kvconv.memory import release_heap, stream_heap
 from kvconv.progress import Progress, ProgressOptions
 
@@ -191,44 +192,23 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
                 c.join = "exact(gridid)"
 
 
-RUNS_CACHE = 1 << 22  # runs kept from the join probe for the first pass (beyond: looked up again)
-
-
 def release_join(ctxs: list, options: EmitOptions) -> None:
     """After the first pass and the verdict on it: the second pass of Perfetto and Chrome asks the join only for
     --replays; without it the exact join's tables and the probe's runs go (memory that grows with the host records
-    and, up to RUNS_CACHE, with the events)."""
+    and, up to :data:`kvconv.join.passes.RUNS_CACHE`, with the events)."""
     if options.replays is None:
         for c in ctxs:
             c.xjoin, c._runs = None, None
 
 
 def _probe(c: Ctx, options: EmitOptions) -> bool:
-    """Run the vectorised exact join over the context; True when its matches are reconcile's: some event carries a
-    gridid (else reconcile joins in order) and every block-enter event carrying one found its host record (else
-    reconcile explains and attributes them). Keeps the runs for the first pass."""
-    c._runs, c._matched = {}, 0
+    """Run the vectorised exact join over the context (:func:`kvconv.join.passes.probe`); True when its matches are
+    reconcile's. Keeps the runs for the first pass."""
+    c._runs, c._matched = None, 0
     if c.xjoin is None or not c.n_events:
-        c._runs = None
         return False
-    kept = 0
-    any_gid = False
-    for first, recs in c.chunks(options.chunk, sub=SLICE, verify=options.verify_checksums):
-        starts, rhid = c.xjoin.runs(recs)
-        hk, hf = recs["kind"][starts], recs["flags"][starts]
-        gid = (hk == _BLOCK_ENTER) & ((hf & _EVF["has_gridid"]) != 0)
-        any_gid = any_gid or bool(gid.any())
-        if bool((gid & (rhid < 0)).any()):
-            c._runs = None
-            return False
-        c._matched += int((rhid >= 0).sum())
-        kept += len(starts)
-        if kept <= RUNS_CACHE:
-            c._runs[first] = (len(recs), starts, rhid)
-    if not any_gid:
-        c._runs = None
-        return False
-    return True
+    c._runs, c._matched = probe(c.chunks(options.chunk, sub=SLICE, verify=options.verify_checksums), c.xjoin)
+    return c._runs is not None
 
 
 class Spilled:
@@ -247,7 +227,7 @@ FIRST_PASS_DROPS = ("index", "host_ns", "graph_exec", "launch_id", "node", "stre
 
 
 def first_passes(ctxs: list[Ctx], options: EmitOptions, bar) -> list:
-    """The first pass (:func:`first_pass`) of each context, its launch table held. A lazy context's aggregates
+    """The first pass (:func:`first_pass`) of each context. A lazy context's aggregates
     (memory that grows with its host records) are pickled into an unnamed temporary file and a :class:`Spilled`
     stands for them until :class:`Plans` reads them back: one context's host state in memory at a time."""
     aggs, f = [], None
@@ -256,8 +236,7 @@ def first_passes(ctxs: list[Ctx], options: EmitOptions, bar) -> list:
         | ({"host_ns"} if options.window_ms is not None else set())
     unused = tuple(k for k in FIRST_PASS_DROPS if k not in need)
     for c in ctxs:
-        with c.held(drop=unused):
-            a = first_pass(c, options, bar)
+        a = first_pass(c, options, bar, drop=unused)  # a lazy context's table: loaded by the pass, let go after it
         if c.lazy:
             f = f or tempfile.TemporaryFile(prefix="kvconv-")
             at = f.seek(0, 2)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvconv.emit._blocks import BlockLanes, Timing
+from kvconv.emit._blocks import BlockLanes, Lanes
 from kvconv.emit._flows import Flows
-from kvconv.emit._stream import GRAPH_NODE, SLICE, Ctx, expand_runs, runs_of
+from kvconv.emit._stream import SLICE, Ctx
 from kvconv.emit.options import EmitOptions
+from kvconv.join.passes import ContextPass, Keep, keep_mask
 
 
 @dataclass
@@ -38,30 +39,28 @@ class Agg:
     blocks: BlockLanes | None = None  # lanes of the paired blocks (entry to exit) per SM
 
 
+def keep_of(c: Ctx, options: EmitOptions, t0: int | None) -> Keep:
+    """The filters of ``options`` as the join applies them, for the context ``c`` whose first device event is at
+    ``t0`` (device ns)."""
+    window = host_window = None
+    if options.window_ms is not None and t0 is not None:
+        window = (t0 + int(options.window_ms[0] * 1e6), t0 + int(options.window_ms[1] * 1e6))
+        if c.clock.n:
+            host_window = tuple(c.clock.to_host(np.array([w], np.uint64))[0] for w in window)
+    return Keep(window=window, replays=options.replays, host_window=host_window,
+                windowed=options.window_ms is not None)
+
+
 def event_keep(c: Ctx, recs: np.ndarray, hid: np.ndarray, options: EmitOptions, t0: int | None) -> np.ndarray | None:
     """Filter mask of a chunk (None: keep all)."""
-    keep = None
-    if options.window_ms is not None and t0 is not None:
-        lo = t0 + int(options.window_ms[0] * 1e6)
-        hi = t0 + int(options.window_ms[1] * 1e6)
-        ts = recs["globaltimer"]
-        keep = (ts >= np.uint64(max(lo, 0))) & (ts <= np.uint64(max(hi, 0)))
-    if options.replays is not None:
-        h = c.host
-        a, b = options.replays
-        ok_h = (h.kind == GRAPH_NODE) & (h.launch_id >= a) & (h.launch_id <= b)
-        k2 = (hid >= 0) & ok_h[np.maximum(hid, 0)]
-        keep = k2 if keep is None else keep & k2
-    return keep
+    return keep_mask(recs, hid, c.host, keep_of(c, options, t0))
 
 
-def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
-    h = c.host
+def first_pass(c: Ctx, options: EmitOptions, progress=None, *, drop: tuple = ()) -> Agg:
+    """The context's first pass: the join's (:class:`ContextPass`: host row of each event, the filters, matched
+    blocks and durations per row) and, from each chunk it hands back, what the tracks count besides. A context
+    whose launch table is not loaded (lazy) has it loaded by the join for the pass (``drop``: columns not read)."""
     K = options.flows
-    count = np.zeros(h.n, np.int64)
-    first = np.full(h.n, np.iinfo(np.uint64).max, np.uint64)
-    last = np.zeros(h.n, np.uint64)
-    flows = Flows.new(h.n, K)
     sm = np.zeros(1 << 16, np.int64)
     slots: set[int] = set()
     t0 = t1 = None
@@ -72,34 +71,21 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
         t0 = min(mins) if mins else None
     bins_parts: list[np.ndarray] = []  # per chunk: distinct ms bins and their counts (sparse: bounded by the events,
     cnt_parts: list[np.ndarray] = []  # never by the time span a damaged timestamp can open)
-    kept = 0
-    filtered = options.window_ms is not None or options.replays is not None
-    timing = Timing(c, options.chunk)
-    for first_i, recs in c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE):
-        if progress is not None:
-            progress(len(recs))
-        if not len(recs):
-            continue
-        timing.feed(first_i, recs)
-        starts, rhid = c.match_runs(first_i, recs)
-        ts = recs["globaltimer"]
-        dev_index = None
-        if filtered:
-            hid = expand_runs(starts, rhid, len(recs))
-            keep = event_keep(c, recs, hid, options, t0)
-            if keep is not None:
-                idx = np.flatnonzero(keep)
-                recs, hid, ts = recs[idx], hid[idx], ts[idx]
-                dev_index = first_i + idx
-                starts, rhid = runs_of(hid)
-        n = len(ts)
+    chunks = c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE)
+    cp = ContextPass(chunks, c.host, c.xjoin, keep=keep_of(c, options, t0), hid=c.hid, runs=c._runs,
+                     bases=K > 0, progress=progress, d=c.dump, ctx=c.context_id, drop=drop)
+    flows = Flows.new(cp.n, K)
+    lanes = Lanes(c, options.chunk)
+    for j in cp:
+        lanes.feed(j)
+        n = len(j.ts)
         if not n:
             continue
-        kept += n
-        tsi = np.ascontiguousarray(ts, dtype=np.uint64)
+        tsi = j.ts
         lo, hi = int(tsi.min()), int(tsi.max())
         t0 = lo if t0 is None or (options.window_ms is None and lo < t0) else t0
         t1 = hi if t1 is None or hi > t1 else t1
+        recs = j.recs
         sm_n = np.bincount(recs["smid"])  # (the SMs seen: a pass over 65,536 counters per chunk was 4 ms a trace)
         sm[: len(sm_n)] += sm_n
         ks = recs["kernel_slot"]
@@ -114,14 +100,16 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None) -> Agg:
             b, k = _ms_bins(ms)
             bins_parts.append(b)
             cnt_parts.append(k)
-        _add_runs(count, first, last, flows, starts, rhid, tsi, first_i, dev_index)
-    flows.finish(count)
-    kept_hosts = _kept_hosts(c, options, count, t0)
+        r = j.runs
+        if K and r is not None:
+            flows.add(r.rows, r.base, np.clip(K - r.base, 0, r.lens), r.at, j.first, j.dev_index)
+    rows = cp.finish()
+    flows.finish(rows.count)
     rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
-    durations, blocks = timing.finish(count, first)
-    return Agg(count=count, first_ts=first, last_ts=last, flows=flows, sm_count=sm,
-               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals, kept=kept,
-               kept_hosts=kept_hosts, durations=durations, blocks=blocks)
+    blocks = lanes.finish(rows.open_index) if rows.durations is not None else None
+    return Agg(count=rows.count, first_ts=rows.first_ts, last_ts=rows.last_ts, flows=flows, sm_count=sm,
+               slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals,
+               kept=rows.kept, kept_hosts=rows.kept_hosts, durations=rows.durations, blocks=blocks)
 
 
 def _ms_bins(ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,71 +121,6 @@ def _ms_bins(ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return ms[at], np.diff(np.append(at, len(ms)))
     b, k = np.unique(ms, return_counts=True)
     return b, k.astype(np.int64)
-
-
-def _add_runs(count, first, last, flows: Flows, starts, rhid, tsi, first_i: int, dev_index) -> None:
-    """Fold a chunk's runs (one host row each) into the per-row count, first and last entry, and the first K
-    device events of each row that end a flow."""
-    n = len(tsi)
-    m = rhid >= 0
-    if m.any():
-        rl = np.diff(np.append(starts, n))
-        hm, rlm, sm_ = rhid[m], rl[m], starts[m]
-        base = _run_bases(hm, rlm, count) if flows.K else None
-        rmin = np.minimum.reduceat(tsi, starts)[m]
-        rmax = np.maximum.reduceat(tsi, starts)[m]
-        if _distinct(hm, len(count)):
-            count[hm] += rlm
-            np.minimum(first[hm], rmin, out=rmin)
-            first[hm] = rmin
-            np.maximum(last[hm], rmax, out=rmax)
-            last[hm] = rmax
-        else:
-            np.add.at(count, hm, rlm)
-            np.minimum.at(first, hm, rmin)
-            np.maximum.at(last, hm, rmax)
-        if flows.K:
-            flows.add(hm, base, np.clip(flows.K - base, 0, rlm), sm_, first_i, dev_index)
-
-
-def _kept_hosts(c: Ctx, options: EmitOptions, count: np.ndarray, t0: int | None) -> np.ndarray:
-    """Host rows the filters keep: in --replays, and for --window matched inside it or (unmatched) launched inside
-    it on the host clock."""
-    h = c.host
-    kept_hosts = np.ones(h.n, bool)
-    if options.replays is not None:
-        a, b = options.replays
-        kept_hosts = (h.kind == GRAPH_NODE) & (h.launch_id >= a) & (h.launch_id <= b)
-    if options.window_ms is not None:
-        in_win = count > 0
-        unm = count == 0
-        if t0 is not None and c.clock.n:
-            lo = c.clock.to_host(np.array([t0 + int(options.window_ms[0] * 1e6)], np.uint64))[0]
-            hi = c.clock.to_host(np.array([t0 + int(options.window_ms[1] * 1e6)], np.uint64))[0]
-            hn = h.host_ns.astype(np.int64)
-            in_win = in_win | (unm & (hn >= lo) & (hn <= hi))
-        kept_hosts &= in_win
-    return kept_hosts
-
-
-def _distinct(hm: np.ndarray, n: int) -> bool:
-    """Whether the values of ``hm`` (host rows) are all different."""
-    if len(hm) <= 1 or bool(np.all(hm[1:] > hm[:-1])):
-        return True
-    return int(np.bincount(hm, minlength=n).max()) <= 1
-
-
-def _run_bases(hm: np.ndarray, rl: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Events of each run's host row before the run: earlier chunks (``count``) plus earlier runs of this chunk."""
-    base = count[hm].copy()
-    if len(hm) > 1 and not bool(np.all(hm[1:] > hm[:-1])):
-        o = np.argsort(hm, kind="stable")
-        s, r = hm[o], rl[o]
-        cs = np.cumsum(r) - r  # exclusive, over the sorted runs
-        head = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
-        cs -= np.repeat(cs[head], np.diff(np.append(head, len(s))))
-        base[o] += cs
-    return base
 
 
 def rate_steps(bins_parts: list, cnt_parts: list) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,8 @@ from kvconv.format.errors import DamagedError
 from kvconv.join.events import RELEASE_BYTES
 from kvconv.join.exact import ExactJoin, load_joined
 from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
+from kvconv.join.passes import chunk_rows
+from kvconv.join.runs import expand_runs, runs_of
 from kvconv.memory import release_heap
 
 __all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "runs_of"]
@@ -126,16 +128,8 @@ class Ctx:
 
     def match_runs(self, first: int, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The join of a chunk as runs: ``(starts, host row of each run)`` (-1: unmatched). Device events come in
-        runs of one launch's blocks, so the lookup runs once per run."""
-        n = len(recs)
-        if self.hid is not None:
-            return runs_of(self.hid[first : first + n])
-        cached = self._runs.get(first) if self._runs is not None else None
-        if cached is not None and cached[0] == n:
-            return cached[1], cached[2]
-        if self.xjoin is None or not n:
-            return np.zeros(min(n, 1), np.int64), np.full(min(n, 1), -1, np.int64)
-        return self.xjoin.runs(recs)
+        runs of one launch's blocks, so the lookup runs once per run (:func:`kvconv.join.passes.chunk_rows`)."""
+        return chunk_rows(first, recs, hid=self.hid, runs=self._runs, xjoin=self.xjoin)
 
     def match(self, first: int, recs: np.ndarray) -> np.ndarray:
         """Host table row of each event of a chunk (-1: unmatched)."""
@@ -165,21 +159,3 @@ def checksum_mismatch(d, g, *, salvage: bool, warn) -> None:
 def _crc_after(buf, prev) -> int:
     """crc32 of ``buf`` continuing the one of ``prev`` (a future of the one worker, so already done)."""
     return zlib.crc32(buf, prev.result() if prev is not None else 0)
-
-
-def runs_of(hid: np.ndarray):
-    """Run starts of equal values in ``hid`` and the value of each run (returned as (starts, values))."""
-    n = len(hid)
-    if not n:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    st = np.flatnonzero(hid[1:] != hid[:-1]) + 1
-    starts = np.concatenate([[0], st]).astype(np.int64)
-    return starts, hid[starts].astype(np.int64)
-
-
-def expand_runs(starts: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    if not n:
-        return np.zeros(0, np.int64)
-    if len(starts) == n:
-        return values.astype(np.int64, copy=False)
-    return np.repeat(values, np.diff(np.append(starts, n)))

@@ -92,6 +92,16 @@ class BlockPairer:
     def open(self) -> int:
         return len(self.pending["t"]) if self.pending is not None else 0
 
+    def waiting(self, exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(smid, entry time) of the entries waiting for their exit (less ``exclude``: entries never paired)."""
+        p = self.pending
+        if p is None or not len(p["t"]):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if exclude is not None and len(exclude):
+            k = ~np.isin(p["index"], exclude, assume_unique=True)
+            return p["smid"][k], p["t"][k]
+        return p["smid"], p["t"]
+
     def feed(self, base: int, recs: np.ndarray, kind: np.ndarray | None = None) -> Pairs:
         """``kind``: the chunk's kind column when the caller has it already (contiguous: one read of the records)."""
         kind = recs["kind"] if kind is None else kind

@@ -127,3 +127,22 @@ def heads(recs: np.ndarray, starts: np.ndarray):
                 (kf >> np.uint64(8 * (_OFF["kind"] % 8))) & np.uint64(0xFF))
     h = recs[starts]
     return h["gridid"], h["tag"], h["flags"], h["kind"]
+
+
+def runs_of(hid: np.ndarray):
+    """Run starts of equal values in ``hid`` and the value of each run (returned as (starts, values))."""
+    n = len(hid)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    st = np.flatnonzero(hid[1:] != hid[:-1]) + 1
+    starts = np.concatenate([[0], st]).astype(np.int64)
+    return starts, hid[starts].astype(np.int64)
+
+
+def expand_runs(starts: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Each of ``n`` events' value, from the runs ``(starts, values)``."""
+    if not n:
+        return np.zeros(0, np.int64)
+    if len(starts) == n:
+        return values.astype(np.int64, copy=False)
+    return np.repeat(values, np.diff(np.append(starts, n)))
