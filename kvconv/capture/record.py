@@ -151,7 +151,26 @@ def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | N
         env["KVCONV_VERBOSE"] = str(options.verbose)
     if options.writes:
         env["KVCONV_WRITES"] = "1"
+    if "exit" in options.events:
+        cupti = env.get("KVCONV_CUPTI_LIB") or find_cupti()
+        if cupti:  # the calibration's untraced reference (native/src/calib_cupti.cpp); without it: raw durations only
+            env["KVCONV_CUPTI_LIB"] = cupti
     return env
+
+
+def find_cupti() -> str | None:
+    """A libcupti beside the Python packages (torch's CUDA wheels bring nvidia-cuda-cupti) or in the CUDA toolkit, for
+    the tracer's start-up calibration of durations; None when there is none (the tracer then records raw only)."""
+    import glob
+    import sys
+
+    roots = [os.path.join(p, "nvidia", "*", "lib") for p in sys.path if p] + [
+        os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), d) for d in ("extras/CUPTI/lib64", "lib64")]
+    for r in roots:
+        hits = sorted(glob.glob(os.path.join(r, "libcupti.so*")))
+        if hits:
+            return hits[0]
+    return None
 
 
 def output_glob(output: str) -> str:
