@@ -55,10 +55,19 @@ def _writer(tmp_path) -> list[str]:
 def test_env_has_every_setting():
     o = record.RecordOptions(kernels=("a", "b::c"), output="x-%p-%c.kvdump", device_capacity=10, host_capacity=20,
                              events=("enter", "exit"), clock_sync_ms=0, verbose=2)
-    env = record.tracer_env(o, lib="/l.so", base={})
+    env = record.tracer_env(o, lib="/l.so", base={"KVCONV_CUPTI_LIB": "/x/libcupti.so.13"})
     assert env == {"CUDA_INJECTION64_PATH": "/l.so", "KVCONV_KERNELS": "a,b::c", "KVCONV_OUTPUT": "x-%p-%c.kvdump",
                    "KVCONV_EVENTS": "enter,exit", "KVCONV_DEVICE_CAPACITY": "10", "KVCONV_HOST_CAPACITY": "20",
-                   "KVCONV_CLOCK_SYNC_MS": "0", "KVCONV_VERBOSE": "2"}
+                   "KVCONV_CLOCK_SYNC_MS": "0", "KVCONV_VERBOSE": "2", "KVCONV_CUPTI_LIB": "/x/libcupti.so.13"}
+
+
+def test_cupti_is_looked_for_only_for_durations(monkeypatch):
+    """Exit events: the tracer's calibration needs CUPTI for its untraced reference; enter-only: no durations."""
+    monkeypatch.setattr(record, "find_cupti", lambda: "/found/libcupti.so.13")
+    both = record.tracer_env(record.RecordOptions(kernels=("a",), events=("enter", "exit")), lib="/l.so", base={})
+    assert both["KVCONV_CUPTI_LIB"] == "/found/libcupti.so.13"
+    enter = record.tracer_env(record.RecordOptions(kernels=("a",)), lib="/l.so", base={})
+    assert "KVCONV_CUPTI_LIB" not in enter
 
 
 @pytest.mark.parametrize("kw", [{"kernels": ()}, {"kernels": ("a,b",)}, {"events": ("begin",)}, {"events": ()},
