@@ -4,16 +4,17 @@ entry to exit paired first-in first-out per block). Per block nothing is kept ac
 independent of the number of blocks): the first pass keeps the lanes each SM needs, the second pass pairs again
 chunk by chunk, a little ahead of what it writes, and gives each block the same lane.
 
-    >>> lanes = Lanes(ctx, chunk)                                # doctest: +SKIP
+    >>> lanes = Lanes(chunk)                                     # doctest: +SKIP
     >>> for j in context_pass: lanes.feed(j)                     # the join's chunks (kvconv.join.passes)
-    >>> bl = lanes.finish(rows.open_index)                       # None: no block paired
+    >>> bl = lanes.finish()                                      # None: no block paired
     >>> win = BlockStream(ctx, bl).window(di)                  # second pass: the pairs of the events ``di``
 
 Lanes: per SM, the slices sorted by (entry, exit, entry's index) each take the lowest lane whose last slice ended
 before they begin. Run streaming: a slice is placed once every slice before it in that order is known, i.e. its
 entry lies before both the earliest entry of its SM still waiting for an exit and a lower bound of every later
-event's time (:class:`Watermarks`: per 16,384 events the minimum, read once ahead). Entries whose exit is never
-recorded hold back their SM in the first pass only (the second knows them: ``BlockLanes.open_index``).
+event's time (:class:`~kvconv.join.passes.Watermarks`: per 16,384 events the minimum, read once ahead). Entries
+whose exit is never recorded hold back their SM in the first pass only (the second knows them:
+``BlockLanes.open_index``).
 """
 
 from __future__ import annotations
@@ -25,28 +26,10 @@ import numpy as np
 
 from kvconv.emit._stream import SLICE, Ctx
 from kvconv.join.durations import BlockPairer
-from kvconv.join.passes import Joined
+from kvconv.join.passes import Joined, Paired, Watermarks
 
 _I64 = np.iinfo(np.int64)
 _NSM = 1 << 16  # smid is u16
-
-
-class Watermarks:
-    """A lower bound of the %globaltimer of every event from a device index on (one read of the timestamps)."""
-
-    def __init__(self, c: Ctx, chunk: int) -> None:
-        starts, mins = [], []
-        for first, recs in c.chunks(chunk, sub=SLICE):
-            if len(recs):
-                starts.append(first)
-                mins.append(int(recs["globaltimer"].min()))
-        self.starts = np.array(starts, np.int64)
-        m = np.array(mins, np.uint64).astype(np.int64)
-        self.suffix = np.minimum.accumulate(m[::-1])[::-1] if len(m) else m
-
-    def at(self, index: int) -> int:
-        k = max(int(np.searchsorted(self.starts, index, "right")) - 1, 0)
-        return int(self.suffix[k]) if k < len(self.suffix) else int(_I64.max)
 
 
 class LaneStream:
@@ -137,30 +120,31 @@ def _lookup(sorted_ix: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 class Lanes:
     """The first pass's lanes of paired blocks: fed each chunk the join hands back (:class:`Joined`, all of the
-    context's events, before any filter, in chunks of ``ctx.chunks(chunk, sub=SLICE)``)."""
+    context's events, before any filter)."""
 
-    def __init__(self, c: Ctx, chunk: int) -> None:
-        self.c, self.chunk = c, chunk
-        self.marks: Watermarks | None = None
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
         self.lanes = LaneStream()
         self.paired = 0
+        self.last: Paired | None = None
 
     def feed(self, j: Joined) -> None:
         b = j.paired
         if b is None:
             return
-        if self.marks is None:  # the first exit: blocks will be drawn as slices
-            self.marks = Watermarks(self.c, self.chunk)
         p = b.pairs
         self.paired += len(p)
-        self.lanes.feed(b.smid, p.start_ns, p.end_ns, p.enter_index, self.marks.at(j.end), *b.waiting)
+        self.last = b
+        self.lanes.feed(b.smid, p.start_ns, p.end_ns, p.enter_index, b.marks.at(j.end), *b.waiting)
 
-    def finish(self, open_index: np.ndarray) -> BlockLanes | None:
-        """The lanes of the paired blocks (``open_index``: the entries never paired); None when none paired."""
+    def finish(self) -> BlockLanes | None:
+        """The lanes of the paired blocks; None when none paired."""
         if not self.paired:
             return None
         self.lanes.feed([], [], [], [], int(_I64.max), [], [])  # the rest: every slice is known
-        return BlockLanes(sm_lanes=self.lanes.lanes(), open_index=open_index, marks=self.marks, chunk=self.chunk)
+        b = self.last
+        return BlockLanes(sm_lanes=self.lanes.lanes(), open_index=np.sort(b.waiting_index), marks=b.marks,
+                          chunk=self.chunk)
 
 
 class BlockStream:

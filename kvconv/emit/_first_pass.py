@@ -8,6 +8,7 @@ kernel slots seen; the filters' verdict).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,11 +72,13 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None, *, drop: tuple = ())
         t0 = min(mins) if mins else None
     bins_parts: list[np.ndarray] = []  # per chunk: distinct ms bins and their counts (sparse: bounded by the events,
     cnt_parts: list[np.ndarray] = []  # never by the time span a damaged timestamp can open)
+    keep = keep_of(c, options, t0)
+    lanes = Lanes(options.chunk)
     chunks = c.chunks(options.chunk, verify=options.verify_checksums, sub=SLICE)
-    cp = ContextPass(chunks, c.host, c.xjoin, keep=keep_of(c, options, t0), hid=c.hid, runs=c._runs,
-                     bases=K > 0, progress=progress, d=c.dump, ctx=c.context_id, drop=drop)
+    again = functools.partial(c.chunks, options.chunk, sub=SLICE)  # the timestamps read ahead, at the first exit
+    cp = ContextPass(chunks, again, c.host, c.xjoin, keep=keep, hid=c.hid, runs=c._runs, bases=K > 0,
+                     progress=progress, d=c.dump, ctx=c.context_id, drop=drop)
     flows = Flows.new(cp.n, K)
-    lanes = Lanes(c, options.chunk)
     for j in cp:
         lanes.feed(j)
         n = len(j.ts)
@@ -103,10 +106,10 @@ def first_pass(c: Ctx, options: EmitOptions, progress=None, *, drop: tuple = ())
         r = j.runs
         if K and r is not None:
             flows.add(r.rows, r.base, np.clip(K - r.base, 0, r.lens), r.at, j.first, j.dev_index)
+    blocks = lanes.finish()
+    rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
     rows = cp.finish()
     flows.finish(rows.count)
-    rate_ms, rate_vals = rate_steps(bins_parts, cnt_parts)
-    blocks = lanes.finish(rows.open_index) if rows.durations is not None else None
     return Agg(count=rows.count, first_ts=rows.first_ts, last_ts=rows.last_ts, flows=flows, sm_count=sm,
                slots=np.array(sorted(slots), np.int64), t0=t0, t1=t1, rate_ms=rate_ms, rate_vals=rate_vals,
                kept=rows.kept, kept_hosts=rows.kept_hosts, durations=rows.durations, blocks=blocks)

@@ -4,7 +4,7 @@ and latest entry) and the durations' feed, all in one walk. The emitters hand ov
 gives: per chunk a :class:`Joined` (what they count besides: per SM, per ms, flow ends, block lanes), at the end a
 :class:`Launches`.
 
-    >>> cp = ContextPass(chunks, table, xjoin, keep=Keep())       # doctest: +SKIP
+    >>> cp = ContextPass(chunks, again, table, xjoin, keep=Keep())   # doctest: +SKIP
     >>> for j in cp: ...                                          # doctest: +SKIP
     >>> rows = cp.finish()                                        # doctest: +SKIP
     >>> rows.count, rows.first_ts, rows.durations
@@ -116,6 +116,25 @@ def probe(chunks, xjoin: ExactJoin) -> tuple[dict | None, int]:
     return (runs, matched) if any_gid else (None, 0)
 
 
+class Watermarks:
+    """A lower bound of the %globaltimer of every event from a device index on (one read of the timestamps of
+    ``chunks``: ``(first index, records)``)."""
+
+    def __init__(self, chunks) -> None:
+        starts, mins = [], []
+        for first, recs in chunks:
+            if len(recs):
+                starts.append(first)
+                mins.append(int(recs["globaltimer"].min()))
+        self.starts = np.array(starts, np.int64)
+        m = np.array(mins, np.uint64).astype(np.int64)
+        self.suffix = np.minimum.accumulate(m[::-1])[::-1] if len(m) else m
+
+    def at(self, index: int) -> int:
+        k = max(int(np.searchsorted(self.starts, index, "right")) - 1, 0)
+        return int(self.suffix[k]) if k < len(self.suffix) else int(_I64.max)
+
+
 @dataclass(frozen=True)
 class RowRuns:
     """A chunk's matched runs: the host row of each, its events, where it starts in the chunk, and the events of its
@@ -129,12 +148,15 @@ class RowRuns:
 
 @dataclass(frozen=True)
 class Paired:
-    """A chunk's paired blocks (from the first exit of the context on): the pairs, the SM of each, and the entries
-    still waiting for their exit (smid, entry time)."""
+    """A chunk's paired blocks (from the first exit of the context on): the pairs, the SM of each, the entries still
+    waiting for their exit after it (smid, entry time; their device indices), and the lower bounds of later events'
+    times (read at the first exit)."""
 
     pairs: Pairs
     smid: np.ndarray
     waiting: tuple[np.ndarray, np.ndarray]
+    waiting_index: np.ndarray
+    marks: Watermarks
 
 
 @dataclass(frozen=True)
@@ -155,8 +177,7 @@ class Joined:
 @dataclass(frozen=True)
 class Launches:
     """Per launch-table row, what the pass found: matched device events kept, earliest and latest entry (device ns,
-    u8), whether the filters keep the row; the durations (None: the context has no block exit); the events kept, and
-    the entries never paired (sorted device indices; None before any exit)."""
+    u8), whether the filters keep the row; the durations (None: the context has no block exit); the events kept."""
 
     count: np.ndarray
     first_ts: np.ndarray
@@ -164,22 +185,23 @@ class Launches:
     kept_hosts: np.ndarray
     durations: Durations | None
     kept: int
-    open_index: np.ndarray | None
 
 
 class ContextPass:
     """A context's first walk over its device events (``chunks``: ``(first index, records)``), joined to its launch
-    table. ``table`` None: the table and the exact join are loaded here (``d``, ``ctx``; ``drop``: columns not read)
-    and let go at :meth:`finish`. ``hid`` / ``runs``: reconcile's matches, the join probe's runs; ``bases``: each
-    run's :attr:`RowRuns.base` (the flow ends need it); ``progress``: called with each chunk's events."""
+    table; ``again``: a fresh walk of the same chunks, read once at the first block exit (:class:`Watermarks`).
+    ``table`` None: the table and the exact join are loaded here (``d``, ``ctx``; ``drop``: columns not read) and
+    let go at :meth:`finish`. ``hid`` / ``runs``: reconcile's matches, the join probe's runs; ``bases``: each run's
+    :attr:`RowRuns.base` (the flow ends need it); ``progress``: called with each chunk's events."""
 
-    def __init__(self, chunks, table: LaunchTable | None, xjoin: ExactJoin | None, *, keep: Keep,
+    def __init__(self, chunks, again, table: LaunchTable | None, xjoin: ExactJoin | None, *, keep: Keep,
                  hid: np.ndarray | None = None, runs: dict | None = None, bases: bool = False, progress=None,
                  d=None, ctx: int = 0, drop: tuple = ()) -> None:
         self.loaded = table is None
         if self.loaded:
             table, xjoin = load_joined(d, ctx, drop=drop)
-        self.chunks, self.t, self.xj, self.keep = chunks, table, xjoin, keep
+        self.chunks, self.again, self.t, self.xj, self.keep = chunks, again, table, xjoin, keep
+        self.marks: Watermarks | None = None
         self.hid, self.runs, self.bases, self.progress = hid, runs, bases, progress
         self.n = table.n
         self.count = np.zeros(table.n, np.int64)
@@ -199,8 +221,12 @@ class ContextPass:
     def _chunk(self, first_i: int, recs: np.ndarray) -> Joined:
         p = self.ld.feed(first_i, recs)
         pairer = self.ld.pairer
-        paired = None if pairer.pending is None else Paired(pairs=p, smid=recs["smid"][p.exit_index - first_i],
-                                                            waiting=pairer.waiting())
+        paired = None
+        if pairer.pending is not None:
+            if self.marks is None:  # the first exit: blocks will be drawn as slices
+                self.marks = Watermarks(self.again())
+            paired = Paired(pairs=p, smid=recs["smid"][p.exit_index - first_i], waiting=pairer.waiting(),
+                            waiting_index=pairer.pending["index"], marks=self.marks)
         end = first_i + len(recs)
         starts, rhid = chunk_rows(first_i, recs, hid=self.hid, runs=self.runs, xjoin=self.xj)
         dev_index = None
@@ -243,13 +269,11 @@ class ContextPass:
     def finish(self) -> Launches:
         """What the pass found per launch-table row; a table loaded here is let go."""
         durations = None
-        pend = self.ld.pairer.pending
         if self.ld.n_exit:
             start = np.where(self.count > 0, self.first.astype(np.int64), _I64.max)
             durations = self.ld.finish(start_ns=start)
         out = Launches(count=self.count, first_ts=self.first, last_ts=self.last,
-                       kept_hosts=kept_rows(self.t, self.count, self.keep), durations=durations, kept=self.kept,
-                       open_index=np.sort(pend["index"]) if pend is not None else None)
+                       kept_hosts=kept_rows(self.t, self.count, self.keep), durations=durations, kept=self.kept)
         if self.loaded:
             self.t = self.xj = self.ld = None
             release_heap()  # numpy's freed arrays in glibc's heap: gone from the resident set before the next context
