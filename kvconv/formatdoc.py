@@ -288,6 +288,9 @@ COLUMNS = {  # columns that are not a layout field
     "end_ns": "device ns of its last block exit (null: the dump records no exits)",
     "duration_ns": "end_ns - start_ns: the kernel's device duration (null without exits)",
     "blocks_paired": "blocks whose entry and exit were both recorded",
+    "duration_corrected_ns": "duration_ns less the tracer's own cost per launch, as it measured it at start-up "
+                             "(metadata contexts[].calibration.bias_ns), at least 0 (null without exits or without a "
+                             "calibration)",
     "record": "row of the slot_write record among the context's slot_write records",
     "cache": "the registered cache's name (null: outside every cache)",
     "kv_slot": "page * page_size + offset in that cache (null: outside every cache)",
