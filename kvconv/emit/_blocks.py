@@ -5,9 +5,9 @@ independent of the number of blocks): the first pass keeps the lanes each SM nee
 chunk by chunk, a little ahead of what it writes, and gives each block the same lane.
 
     >>> lanes = Lanes(chunk)                                     # doctest: +SKIP
-    >>> for j in context_pass: lanes.feed(j)                     # the join's chunks (kvconv.join.passes)
-    >>> bl = lanes.finish()                                      # None: no block paired
-    >>> win = BlockStream(ctx, bl).window(di)                  # second pass: the pairs of the events ``di``
+    >>> for j in context_pass: lanes.feed(j)   # the join's chunks (kvconv.join.passes)  # doctest: +SKIP
+    >>> bl = lanes.finish()                    # None: no block paired                   # doctest: +SKIP
+    >>> win = BlockStream(ctx, bl).window(di)  # second pass: the pairs of events ``di``  # doctest: +SKIP
 
 Lanes: per SM, the slices sorted by (entry, exit, entry's index) each take the lowest lane whose last slice ended
 before they begin. Run streaming: a slice is placed once every slice before it in that order is known, i.e. its

@@ -125,7 +125,7 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
 
 def _load_tables(d, cs: list[Ctx], options: EmitOptions) -> None:
     """The launch table of each context of the dump ``d``, now, unless the dump is large and joined by the
-    streaming exact join alone: its contexts are lazy then (:meth:`Ctx.held` loads one context's at a time)."""
+    streaming exact join alone: its contexts are lazy then (the first pass and :meth:`Ctx.held` load one at a time)."""
     total = sum(c.n_events for c in cs)
     streaming = options.reconcile == "never" or (options.reconcile == "auto" and total > options.reconcile_max_events)
     for c in cs:
@@ -154,7 +154,7 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn) -> None:
         d = cs[0].dump
         total = sum(c.n_events for c in cs)
         for c in cs:
-            c.xjoin = ExactJoin(c.host) if not c.lazy and c.host.n else None  # lazy: Ctx.held builds it
+            c.xjoin = ExactJoin(c.host) if not c.lazy and c.host.n else None  # lazy: loaded by the pass or Ctx.held
         use = rec is not None and options.reconcile != "never" and (
             options.reconcile == "always" or total <= options.reconcile_max_events)
         if use and options.reconcile == "auto":

@@ -1,6 +1,8 @@
 """The first streaming pass over a context's device events: what the tracks need before any is written (per host
 launch: matched blocks, first and last entry, the device events that end its flows; events per SM and per ms; the
-kernel slots seen; the filters' verdict).
+kernel slots seen; the filters' verdict). The join's part (the host row of each event, the filters, the matched blocks
+and durations per row) is :class:`kvconv.join.passes.ContextPass`'s: this pass hands it the chunks and counts, from
+each chunk it hands back, what the tracks need besides.
 
     >>> agg = first_pass(ctx, EmitOptions(flows=4))         # doctest: +SKIP
     >>> agg.count[row], agg.first_ts[row], agg.last_ts[row]

@@ -29,10 +29,10 @@ from kvconv.join.events import RELEASE_BYTES
 from kvconv.join.exact import ExactJoin, load_joined
 from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.join.passes import chunk_rows
-from kvconv.join.runs import expand_runs, runs_of
+from kvconv.join.runs import expand_runs
 from kvconv.memory import release_heap
 
-__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES", "expand_runs", "runs_of"]
+__all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES"]
 
 SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
 PAGE = mmap.PAGESIZE

@@ -1,6 +1,8 @@
 """The launch table and the joins it stands on, below both the checks and the emitters: one context's host launch
 records as columns (:mod:`~kvconv.join.launches`), its device events loaded and walked in chunks
 (:mod:`~kvconv.join.events`), the runs of one launch's events (:mod:`~kvconv.join.runs`), the exact join of device
-events to host launches (:mod:`~kvconv.join.exact`) and the block pairing and launch durations
-(:mod:`~kvconv.join.durations`). It imports neither :mod:`kvconv.check` nor :mod:`kvconv.emit`.
+events to host launches (:mod:`~kvconv.join.exact`), the block pairing and launch durations
+(:mod:`~kvconv.join.durations`), and a context's first pass over its events joined to its table
+(:mod:`~kvconv.join.passes`: the emitters hand it the chunks and read what it returns). It imports neither
+:mod:`kvconv.check` nor :mod:`kvconv.emit`.
 """

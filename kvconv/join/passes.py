@@ -7,7 +7,7 @@ gives: per chunk a :class:`Joined` (what they count besides: per SM, per ms, flo
     >>> cp = ContextPass(chunks, again, table, xjoin, keep=Keep())   # doctest: +SKIP
     >>> for j in cp: ...                                          # doctest: +SKIP
     >>> rows = cp.finish()                                        # doctest: +SKIP
-    >>> rows.count, rows.first_ts, rows.durations
+    >>> rows.count, rows.first_ts, rows.durations                 # doctest: +SKIP
 """
 
 from __future__ import annotations
