@@ -47,22 +47,7 @@ int main(int argc, char** argv) {
   cudaGraph_t g; cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CK(cudaMemsetAsync(first, 0xff, K * 8, s)); CK(cudaMemsetAsync(last, 0, K * 8, s));
-  for (int i = 0; i < N; ++i) {
-    launch_stamp(s, stamps, 3 * i);
-    launch_target(0, s, B, T, dst, src, slot, D, first, last, 3 * i);
-    launch_stamp(s, stamps, 3 * i + 1);
-    launch_target(1, s, B, T, dst, src, slot, D, first, last, 3 * i + 1);
-    launch_stamp(s, stamps, 3 * i + 2);
-    launch_other(s, B, T, dst, src, slot, D, first, last, 3 * i + 2);
-  }
-  launch_stamp(s, stamps, 3 * N);
-  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-  const int execs = argc > 5 ? atoi(argv[5]) : 1;
-  cudaGraphExec_t ge2 = nullptr;
-  if (execs == 2 || execs == 3) CK(cudaGraphInstantiate(&ge2, g, 0));
-  if (execs == 4) {  // the same units captured again: another graph, not another instantiation of this one
-    cudaGraph_t g2;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  auto units = [&] {  // the N units S T S SIB S OTHER, on the capturing stream
     for (int i = 0; i < N; ++i) {
       launch_stamp(s, stamps, 3 * i);
       launch_target(0, s, B, T, dst, src, slot, D, first, last, 3 * i);
@@ -71,6 +56,17 @@ int main(int argc, char** argv) {
       launch_stamp(s, stamps, 3 * i + 2);
       launch_other(s, B, T, dst, src, slot, D, first, last, 3 * i + 2);
     }
+  };
+  units();
+  launch_stamp(s, stamps, 3 * N);
+  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+  const int execs = argc > 5 ? atoi(argv[5]) : 1;
+  cudaGraphExec_t ge2 = nullptr;
+  if (execs == 2 || execs == 3) CK(cudaGraphInstantiate(&ge2, g, 0));
+  if (execs == 4) {  // the same units captured again: another graph, not another instantiation of this one
+    cudaGraph_t g2;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    units();
     CK(cudaStreamEndCapture(s, &g2)); CK(cudaGraphInstantiate(&ge2, g2, 0));
   }
   if (execs == 5) {
