@@ -182,11 +182,22 @@ def big(tmp_path_factory):
     yield from _generated(tmp_path_factory, "big", 24)
 
 
-def _start(argv, cwd):
+def _signals(ignored=()):
+    """The child's dispositions: SIGINT, SIGTERM and SIGHUP as a terminal gives them, whatever this process inherited
+    (a suite started under nohup, or as a background job of a script, ignores SIGHUP / SIGINT, and a child inherits
+    that), except those named ``ignored``."""
+    def set_them():
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+    return set_them
+
+
+def _start(argv, cwd, ignored=()):
     env = dict(os.environ, PYTHONPATH=str(ROOT), KVCONV_PROGRESS_INTERVAL="3600")
     env.pop("KVCONV_DEBUG", None)
     return subprocess.Popen([sys.executable, "-m", "kvconv", *map(str, argv)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_signals(ignored))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
@@ -204,6 +215,20 @@ def test_a_signal_mid_write_leaves_no_temporary(cmd, sig, big, tmp_path):
     assert p.returncode == 128 + sig, (p.returncode, err)
     assert err.count("\n") == 1 and "terminated by" in err, err
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
+def test_nohup_is_respected(big, tmp_path):
+    """Under nohup (SIGHUP ignored when kvconv starts) a hang-up changes nothing: the output is written, exit 0."""
+    out = tmp_path / "t.pftrace"
+    p = _start(["perfetto", big, "-o", out, "-q"], tmp_path, ignored=(signal.SIGHUP,))
+    deadline = time.monotonic() + 60
+    while not _temps(tmp_path):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.005)
+    p.send_signal(signal.SIGHUP)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and err == "", (p.returncode, err)
+    assert os.listdir(tmp_path) == ["t.pftrace"] and out.stat().st_size > 0
 
 
 def test_a_dead_processs_temporaries_are_removed_a_live_ones_kept(tmp_path):
