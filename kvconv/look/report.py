@@ -231,11 +231,12 @@ def _context_plots(doc: _Doc, cv, c: dict) -> None:
         doc.figure("launch-blocks", plots.launch_blocks(cv.expected, cv.recorded,
                                                         title=f"{label}: blocks per launch"),
                    f"{len(cv.expected):,} launches in host order; {missing:,} with missing blocks")
+    cal = (c.get("durations") or {}).get("calibration")
     for gv, g in zip(cv.graphs, c["graph_execs"]):
-        _graph_plots(doc, gv, g, label)
+        _graph_plots(doc, gv, g, label, cal)
 
 
-def _graph_plots(doc: _Doc, gv, g: dict, label: str) -> None:
+def _graph_plots(doc: _Doc, gv, g: dict, label: str, cal: dict | None = None) -> None:
     name = f"graph exec {g['graph_exec']}"
     doc.add(f"<h3>{_e(label)}: {_e(name)}</h3><p>{g['nodes']} nodes, {g['replay_count']:,} replays, "
             f"{'stable node order' if g['stable_order'] else 'node order changes'}, {len(g['streams'])} stream(s); "
@@ -255,7 +256,10 @@ def _graph_plots(doc: _Doc, gv, g: dict, label: str) -> None:
         m, first = bins.columns(gv.durations)
         doc.figure("durations", plots.heatmap(m, first, title=f"{name}: node duration (first entry to last exit)",
                                               label="duration (µs)"),
-                   "from block-enter and block-exit events (kvconv.join.durations)")
+                   "from block-enter and block-exit events (kvconv.join.durations), raw: "
+                   + (f"each includes the tracer's own {cal['bias_ns'] / 1e3:.2f} µs, as it measured it at start-up "
+                      "(kvconv reconcile gives the corrected medians)" if cal else
+                      "each includes the tracer's own enter/exit cost (this dump records no calibration)"))
 
 
 def _canary(doc: _Doc, can: dict) -> None:
