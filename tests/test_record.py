@@ -61,11 +61,15 @@ def test_env_has_every_setting():
                    "KVCONV_CLOCK_SYNC_MS": "0", "KVCONV_VERBOSE": "2", "KVCONV_CUPTI_LIB": "/x/libcupti.so.13"}
 
 
-def test_cupti_is_looked_for_only_for_durations(monkeypatch):
-    """Exit events: the tracer's calibration needs CUPTI for its untraced reference; enter-only: no durations."""
-    monkeypatch.setattr(record, "find_cupti", lambda: "/found/libcupti.so.13")
+def test_cupti_is_looked_for_only_for_durations(monkeypatch, tmp_path):
+    """Exit events: the tracer's calibration needs CUPTI for its untraced reference, found beside the Python
+    packages as torch's CUDA wheels install it (nvidia/cu13/lib); enter-only: no durations, not looked for."""
+    lib = tmp_path / "nvidia" / "cu13" / "lib" / "libcupti.so.13"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
     both = record.tracer_env(record.RecordOptions(kernels=("a",), events=("enter", "exit")), lib="/l.so", base={})
-    assert both["KVCONV_CUPTI_LIB"] == "/found/libcupti.so.13"
+    assert both["KVCONV_CUPTI_LIB"] == str(lib)
     enter = record.tracer_env(record.RecordOptions(kernels=("a",)), lib="/l.so", base={})
     assert "KVCONV_CUPTI_LIB" not in enter
 

@@ -171,7 +171,7 @@ def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
         fam = value.incidents(d)
         grouped.update(dict.fromkeys(_VALUE_CODES, fam))
     if have & set(_END_CODES):
-        grouped.update(dict.fromkeys(_END_CODES, _end_incident(findings)))
+        grouped.update(dict.fromkeys(_END_CODES, _end_incident(d, findings)))
     out: list[dict] = []
     placed: set[int] = set()
     for f in findings:
@@ -185,16 +185,15 @@ def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
     return out
 
 
-def _end_incident(findings: list[Finding]) -> list[dict]:
-    """Every launch whose blocks were lost at a dead producer's end, and its count of records not yet in the file,
-    as one incident: one cause, named at the first such launch."""
+def _end_incident(d, findings: list[Finding]) -> list[dict]:
+    """Every launch whose blocks were lost at a dead producer's end, and the records its live groups count as not
+    yet in the file (their drop_count: the groups the lost-at-end findings name), as one incident: one cause, named
+    at the first such launch."""
     lost = [f for f in findings if f.code == "unflushed-blocks"]
     counted = [f for f in findings if f.code == "lost-at-end"]
-    records = sum(int(f.message.split()[0].replace(",", "")) for f in counted if f.message.split()[0][:1].isdigit())
+    records = sum(d.groups[f.group].drop_count for f in counted if f.group is not None)
     first = (lost or counted)[0]
-    at = ", ".join(x for x in (first.path and str(first.path), first.offset is not None and f"byte {first.offset}",
-                               first.group is not None and f"group {first.group}"
-                               + (f" record {first.record}" if first.record is not None else "")) if x)
+    at = ", ".join(w for w in first.where() if w != first.field)  # path, byte, group and record
     parts = [f"{len(lost):,} of its last launches lost their blocks ({at} on)"] if lost else []
     if records:
         parts.append(f"{records:,} records were not yet in the file")

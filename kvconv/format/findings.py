@@ -32,7 +32,8 @@ class Finding:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}, not {self.severity!r}")
 
-    def line(self) -> str:
+    def where(self) -> list[str]:
+        """Where it is, as its line names it: path, byte offset, group and record, field (those known)."""
         where = []
         if self.path is not None:
             where.append(str(self.path))
@@ -42,8 +43,11 @@ class Finding:
             where.append(f"group {self.group}" + (f" record {self.record}" if self.record is not None else ""))
         if self.field is not None:
             where.append(self.field)
+        return where
+
+    def line(self) -> str:
         more = f" ({counted(self.count, 'record')})" if self.count > 1 else ""
-        return f"{self.severity} {self.code} " + ": ".join(where + [self.message + more])
+        return f"{self.severity} {self.code} " + ": ".join(self.where() + [self.message + more])
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -131,7 +131,8 @@ static void traced_spans(const std::vector<kvconv_device_event_t>& ev, std::vect
   }
 }
 
-static std::string run(Ctx* c, Calibration& r, CUstream s) {
+// The measurements on the device (context pushed); `spans` gets each patched launch's traced span.
+static std::string run(Ctx* c, Calibration& r, CUstream s, std::vector<double>& spans) {
   CalibBuffers b;
   if (!alloc_buffers(b, s) || !init_state(c, b, s)) return "device memory for the calibration";
   CUmodule mp = nullptr, mq = nullptr;
@@ -144,8 +145,8 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   }
   // Per sample, on the calibration stream: S0 plain S1 S2 S3 patched S4, S a one-thread %globaltimer stamp
   // (kvconv_clock_read). What a kernel adds to the stream between two stamps, against two stamps with nothing between
-  // ((S1 - S0) - (S3 - S2)), is its duration as a profiler sees it, launch and drain included (the kernel's own
-  // first-to-last-instruction span misses ~0.7-1.8 us of that on the H200).
+  // ((S1 - S0) - (S3 - S2)), is recorded beside the bias: its duration plus the gap to the next kernel (~0.9 us on
+  // the H200), so not the reference; what the patched copy adds there is the instrumentation's cost to the stream.
   CUfunction spin = nullptr, stamp = nullptr;
   if (g_drv.moduleGetFunction(&spin, mq, "kvconv_calib_spin") != CUDA_SUCCESS ||
       g_drv.moduleGetFunction(&stamp, mq, "kvconv_clock_read") != CUDA_SUCCESS)
@@ -186,8 +187,8 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
   if (n && (g_drv.memcpyDtoHAsync(events.data(), st.events, n * sizeof(kvconv_device_event_t), s) != CUDA_SUCCESS ||
             g_drv.streamSynchronize(s) != CUDA_SUCCESS))
     return "reading the calibration's events back";
-  std::vector<double> span, block, own[2], added[2];
-  traced_spans(events, span, block);
+  std::vector<double> block, own[2], added[2];
+  traced_spans(events, spans, block);
   for (int k = 0; k < kLaunches; ++k) {
     const unsigned long long* t = &stamps[5 * k];
     const double empty = static_cast<double>(t[3] - t[2]);  // two stamps with nothing between
@@ -198,18 +199,16 @@ static std::string run(Ctx* c, Calibration& r, CUstream s) {
     for (int k = 0; k < kLaunches; ++k)
       if (last[w * kLaunches + k] >= first[w * kLaunches + k] && first[w * kLaunches + k] != ~0ull)
         own[w].push_back(static_cast<double>(last[w * kLaunches + k] - first[w * kLaunches + k]));
-  if (span.size() < kLaunches / 2 || own[0].size() < kLaunches / 2) return "too few complete calibration launches";
-  r.launches = static_cast<uint32_t>(span.size());
+  if (spans.size() < kLaunches / 2 || own[0].size() < kLaunches / 2) return "too few complete calibration launches";
+  r.launches = static_cast<uint32_t>(spans.size());
   r.blocks = kBlocks, r.threads = kThreads, r.row_bytes = kWords * 8;
   r.events = st.next, r.dropped = st.drops;
-  r.traced_ns = median(span);
+  r.traced_ns = median(spans);
   r.own_plain_ns = median(own[0]);
   r.own_patched_ns = median(own[1]);
   r.stream_plain_ns = median(added[0]);
   r.stream_patched_ns = median(added[1]);
   r.per_block_ns = median(block);
-  std::vector<double> each;
-  r.spans = span;
   return "";
 }
 
@@ -273,15 +272,14 @@ static std::string cupti_reference(int device, double* ns) {
 }
 
 // bias = the tracer's span (patched) - CUPTI's duration (unpatched), with the spread of the per-launch spans.
-static std::string finish_bias(Ctx* c, Calibration& r) {
+static std::string finish_bias(Ctx* c, Calibration& r, const std::vector<double>& spans) {
   std::string why = cupti_reference(c->device, &r.cupti_plain_ns);
   if (!why.empty()) return "no untraced reference: " + why;
   r.bias_ns = r.traced_ns - r.cupti_plain_ns;
   if (r.bias_ns < 0) return "CUPTI's untraced duration outlasted the traced span (other work on the GPU meanwhile?)";
   std::vector<double> each;
-  for (double x : r.spans) each.push_back(x - r.cupti_plain_ns);
+  for (double x : spans) each.push_back(x - r.cupti_plain_ns);
   r.bias_p10_ns = quantile(each, 0.1), r.bias_p90_ns = quantile(each, 0.9);
-  r.spans.clear();
   return "";
 }
 
@@ -295,10 +293,11 @@ void calibrate(Ctx* c) {  // the sync thread, after the context's first clock sy
     r.why = "driver entry points missing";
   else if (g_drv.ctxPush(c->ctx) != CUDA_SUCCESS) r.why = "cannot make the context current";
   else {
-    r.why = run(c, r, c->sres.stream);
+    std::vector<double> spans;
+    r.why = run(c, r, c->sres.stream, spans);
     CUcontext popped;
     g_drv.ctxPop(&popped);
-    if (r.why.empty()) r.why = finish_bias(c, r);
+    if (r.why.empty()) r.why = finish_bias(c, r, spans);
   }
   r.done = r.why.empty();
   if (r.done)

@@ -117,7 +117,6 @@ struct Calibration {
   double traced_ns = 0, own_patched_ns = 0, own_plain_ns = 0, bias_ns = 0, per_block_ns = 0;
   double stream_plain_ns = 0, stream_patched_ns = 0;  // stream time added between two stamp kernels
   double cupti_plain_ns = 0;                          // CUPTI's duration untraced (kvconv_calib_cupti)
-  std::vector<double> spans;                          // per-launch traced spans until the bias is computed
   double bias_p10_ns = 0, bias_p90_ns = 0;  // of the per-launch bias (patched span minus the plain median)
   uint64_t events = 0, dropped = 0;
 };
