@@ -19,7 +19,8 @@ Checks (each ``{"check", "where", "a", "b", "exceeds", "note"}``):
 * findings: codes that appear (error or warning: exceeds) or disappear (never exceeds);
 * the verdict (kvconv validate's one verdict of each dump, :mod:`kvconv.check.verdict`): B's worse than A's exceeds;
   and the error incidents (validate's incidents of error severity; the warnings are compared as findings above):
-  one of B's (its cause, the dump's path aside) that A has not exceeds, one that disappears does not. Where a dump's records are damaged (no profile), only these are compared.
+  one of B's (its cause, the dump's path aside) that A has not exceeds, one that disappears does not. Where a
+  dump's records are damaged (no profile), only these are compared.
 
 Exit status: 0 when no check exceeds, 1 otherwise (2: a dump cannot be read, from the CLI).
 """
@@ -221,7 +222,8 @@ def _verdicts(va: dict, vb: dict) -> list[dict]:
     out = [_check("verdict", "dump", va["verdict"], vb["verdict"], _RANK[vb["verdict"]] > _RANK[va["verdict"]])]
     ka, kb = keys(va), keys(vb)
     new, gone = list(kb - ka), list(ka - kb)  # in the dumps' order
-    # error-level only, and named so: "incidents: 0 -> 0" beside validate's "2 incidents" (warnings) read as a contradiction
+    # error-level only, and named so: "incidents: 0 -> 0" beside validate's "2 incidents" (warnings) read as a
+    # contradiction
     out.append(_check("error-incidents", "dump", sum(ka.values()), sum(kb.values()), bool(new),
                       (f"{len(new)} new in B: {new[0]}" + (f"; and {len(new) - 1} more" if len(new) > 1 else "")
                        if new else "") + ("; " if new and gone else "") + (f"{len(gone)} of A's gone" if gone else "")))
