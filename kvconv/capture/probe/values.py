@@ -51,6 +51,7 @@ import functools
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -430,11 +431,26 @@ def _queue_slots(run: _FusedStep, tag: str, groups: list, memo: dict, slots: np.
         run.add(tag, cids, tok, bases, slots[tok] * sb, sb // 8)
 
 
-def _row_plan(items, device) -> tuple:
-    """How the kernel reads handed-over rows (``items``: (cache, rows, checked tokens)): (cache ids, the rows
-    tensors (held), data_ptr() of the addressable ones, groups, indices of the others). A group, per (checked
-    tokens' key, slot width): the index of its first item, cache ids, row-0 addresses, row strides (one for all
-    where they agree) and the fewest rows of any."""
+@dataclass(frozen=True)
+class _RowPlan:
+    """How the kernel reads handed-over rows: kept while the same tensors come for the same caches."""
+
+    cache_ids: tuple  # of the items, in order
+    rows: list  # the rows tensors (held: their ids cannot be reused)
+    ptrs: list  # data_ptr() of the addressable ones (``fast``)
+    groups: list  # per (checked tokens' key, slot width): (first item, slot bytes, cache ids, row-0 addresses,
+    #               row strides (one int where they agree), the fewest rows of any)
+    fast: list  # indices of the items the kernel addresses
+    slow: list  # indices of the others (the torch path)
+
+    def fits(self, items) -> bool:
+        return (self.cache_ids == tuple(c.cache_id for c, _r, _t in items)
+                and all(r is h for (_c, r, _t), h in zip(items, self.rows))
+                and self.ptrs == [items[i][1].data_ptr() for i in self.fast])
+
+
+def _row_plan(items, device) -> _RowPlan:
+    """The :class:`_RowPlan` of handed-over rows (``items``: (cache, rows, checked tokens))."""
     groups, fast, slow = {}, [], []
     for i, (c, rows, tok) in enumerate(items):
         _check_rows(c, rows, tok)
@@ -452,7 +468,7 @@ def _row_plan(items, device) -> tuple:
         step = int(steps[0]) if (steps == steps[0]).all() else steps[:, None]
         out.append((first, sb, np.asarray(cids, np.int64), np.asarray(ptrs, np.int64), step, min(ns)))
     ptrs = [int(items[i][1].data_ptr()) for i in fast]
-    return tuple(c.cache_id for c, _r, _t in items), [r for _c, r, _t in items], ptrs, out, fast, slow
+    return _RowPlan(tuple(c.cache_id for c, _r, _t in items), [r for _c, r, _t in items], ptrs, out, fast, slow)
 
 
 def _queue_rows(run: _FusedStep, tag: str, items, plans: dict) -> list:
@@ -465,18 +481,16 @@ def _queue_rows(run: _FusedStep, tag: str, items, plans: dict) -> list:
     Shape and strides change on the same object only by in-place metadata ops (resize_, as_strided_, t_), which
     nothing does to a graph's outputs (set_ moves the data, which the check sees)."""
     plan = plans.get(tag)
-    if plan is None or plan[0] != tuple(c.cache_id for c, _r, _t in items) or \
-            any(r is not h for (_c, r, _t), h in zip(items, plan[1])) or \
-            plan[2] != [items[i][1].data_ptr() for i in plan[4]]:
+    if plan is None or not plan.fits(items):
         plan = plans[tag] = _row_plan(items, run.bufs.device)
-    for first, sb, cids, ptrs, step, n in plan[3]:
+    for first, sb, cids, ptrs, step, n in plan.groups:
         tok = items[first][2]
         if len(tok) and int(tok[-1]) >= n:
-            for i in plan[4]:
+            for i in plan.fast:
                 _check_rows(*items[i])  # raises: too few rows
         offs = tok * step if isinstance(step, int) else tok[None, :] * step
         run.add(tag, cids, tok, ptrs, offs, sb // 8)
-    return [items[i] for i in plan[5]]
+    return [items[i] for i in plan.slow]
 
 
 def _per_cache(blocks: dict) -> dict:
