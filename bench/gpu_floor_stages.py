@@ -220,6 +220,21 @@ def run_step(torch, name, st, args):
         raw_capture(torch, torch.cuda.Stream(), 0, lambda: x.add_(1.0), after=get_nodes)
     elif name == "raw-pool":  # the caching allocator's private pool around a raw capture of an allocating kernel
         raw_pool_capture(torch, st)
+    elif name == "streams":  # 32 new streams from PyTorch's pool, one eager kernel on each, no capture
+        for _ in range(32):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x.add_(1.0)
+    elif name == "streams2":  # 2 new streams, one eager kernel on each
+        for _ in range(2):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x.add_(1.0)
+    elif name == "raw-many":  # ten raw captures of one kernel each
+        for _ in range(10):
+            raw_capture(torch, torch.cuda.Stream(), 0, lambda: x.add_(1.0))
+    elif name == "sleep":  # five seconds of host time, nothing else
+        time.sleep(5)
     elif name == "torch-empty":  # torch.cuda.CUDAGraph capture of nothing
         torch_capture(torch, lambda: None, st["keep"])
     elif name == "torch-noalloc":  # torch.cuda.CUDAGraph capture of one in-place kernel: no allocation
@@ -267,6 +282,11 @@ def inner(args) -> dict:
 
 def config_env(cfg, args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVCONV_") and k != "CUDA_INJECTION64_PATH"}
+    if cfg in args.variant:  # NAME=BASE:VAR=VALUE,...: a base config with extra environment
+        base, extra = args.variant[cfg]
+        env = config_env(base, args)
+        env.update(extra)
+        return env
     if cfg == "untraced":
         return env
     build = ROOT / "native" / "build"
@@ -324,7 +344,11 @@ def main() -> int:
     ap.add_argument("--inner", action="store_true")
     ap.add_argument("--second", choices=SECONDS, default="engine")
     ap.add_argument("--seconds", nargs="+", choices=SECONDS, default=list(SECONDS))
-    ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=["untraced", "noop"])
+    ap.add_argument("--configs", nargs="+", default=["untraced", "noop"],
+                    help=f"of {', '.join(CONFIGS)} and the --variant names")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE:VAR=VALUE[,VAR=VALUE]",
+                    help="a config: BASE (one of the configs) with extra environment, e.g. "
+                         "nosync=noop:KVCONV_CLOCK_SYNC_MS=0")
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--a", choices=("engine", "mm", "ln", "add", "idx", "softmax"), default="engine",
                     help="graph A: engine-small, or --nodes kernels of one kind")
@@ -338,6 +362,18 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=180)
     ap.add_argument("--out")
     args = ap.parse_args()
+    variants = {}
+    for v in args.variant:
+        name, _, rest = v.partition("=")
+        base, _, env = rest.partition(":")
+        pairs = [kv.split("=", 1) for kv in env.split(",") if kv]
+        if not name or base not in CONFIGS or any(len(p) != 2 for p in pairs):
+            ap.error(f"--variant {v!r}: expected NAME=BASE:VAR=VALUE[,VAR=VALUE] with BASE one of {CONFIGS}")
+        variants[name] = (base, dict(pairs))
+    args.variant = variants
+    bad = [c for c in args.configs if c not in CONFIGS and c not in variants]
+    if bad:
+        ap.error(f"unknown configs {bad}")
     if args.inner:
         print(json.dumps(inner(args)), flush=True)
         return 0

@@ -42,7 +42,8 @@ class TracerError(KvconvError):
 class RecordOptions:
     """kernels: substrings of target kernel names (mangled or demangled). output: dump path (%p pid, %c context).
     device_capacity / host_capacity: records per context (None = tracer defaults 1,048,576 / 65,536).
-    events: subset of ("enter", "exit"). clock_sync_ms: period of clock-sync pairs (None = 1000, 0 = start/end).
+    events: subset of ("enter", "exit"). clock_sync_ms: period of clock-sync pairs
+    (None = the tracer's 0: start/end only).
     build: build the library when missing. validate: validate every dump written. verbose: tracer log level."""
 
     kernels: tuple[str, ...] = DEFAULT_KERNELS

@@ -31,7 +31,8 @@ def record(
     events: str | None = typer.Option(None, "--events", help="block events: enter, exit or enter,exit (default: "
                                       "$KVCONV_EVENTS when set, else enter)"),
     clock_sync_ms: int | None = typer.Option(None, "--clock-sync-ms",
-                                             help="clock-sync period in ms (default 1000; 0 = start/end)"),
+                                             help="clock-sync period in ms (default 0: start and end pairs "
+                                                  "only; a period slows graph replays, docs/TRACER.md)"),
     no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
     no_validate: bool = typer.Option(False, "--no-validate", help="skip validating the dump(s)"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)"),

@@ -101,7 +101,7 @@ void load_config() {
   g_cfg.dev_cap = env_u64("KVCONV_DEVICE_CAPACITY", g_cfg.dev_cap);
   g_cfg.host_cap = env_u64("KVCONV_HOST_CAPACITY", g_cfg.host_cap);
   load_events(getenv("KVCONV_EVENTS"));
-  g_cfg.sync_ms = static_cast<int>(env_u64("KVCONV_CLOCK_SYNC_MS", 1000));
+  g_cfg.sync_ms = static_cast<int>(env_u64("KVCONV_CLOCK_SYNC_MS", 0));
   g_cfg.flush_ms = static_cast<int>(env_u64("KVCONV_FLUSH_MS", 1));
   if (g_cfg.flush_ms < 1) g_cfg.flush_ms = 1;
   g_cfg.tag = env_u64("KVCONV_TAG", 1) != 0;

@@ -47,7 +47,7 @@ struct Config {
   uint64_t dev_cap = 1048576;
   uint64_t host_cap = 65536;
   bool enter = true, exit = false;
-  int sync_ms = 1000;
+  int sync_ms = 0;  // periodic pairs off by default: see KVCONV_CLOCK_SYNC_MS in docs/TRACER.md (issue 31)
   int flush_ms = 1;              // KVCONV_FLUSH_MS: device events copied into the dump file at least this often
   bool tag = true;
   bool graph_callbacks = true;   // KVCONV_GRAPH_CALLBACKS=0: no graph-node records (overhead measurement only)
