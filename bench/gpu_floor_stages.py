@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_tracer_cost import KERNELS, ROOT, Engine, _sleep_cycles_per_us  # noqa: E402
+from gpu_tracer_cost import KERNELS, ROOT, Engine, _sleep_cycles_per_us, _stats, timed_loop  # noqa: E402
 
 STAGES = ("alone", "empty-cache", "eager", "captured", "instantiated", "replayed", "reset")
 SECONDS = ("engine", "target", "notarget", "again")
@@ -76,24 +75,6 @@ def model(torch, kind, layers, a):
     if kind == "notarget":
         return NoTarget(torch, H=1024, q_heads=8, kv_heads=2, inter=2048, layers=layers)
     return a  # again: A's model
-
-
-def time_primed(torch, g, iters, warmup, cycles_per_us, prime_us=2000.0):
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    gpu, host = [], []
-    for i in range(warmup + iters):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(prime_us * cycles_per_us))
-        e0.record()
-        t0 = time.perf_counter()
-        g.replay()
-        t1 = time.perf_counter()
-        e1.record()
-        e1.synchronize()
-        if i >= warmup:
-            gpu.append(e0.elapsed_time(e1))
-            host.append((t1 - t0) * 1e6)
-    return {"gpu_ms_median": statistics.median(gpu), "gpu_ms_min": min(gpu), "host_us_median": statistics.median(host)}
 
 
 def single_kind(torch, kind, n):
@@ -276,7 +257,8 @@ def inner(args) -> dict:
         if name != "alone":
             run_step(torch, name, st, args)
         torch.cuda.synchronize()
-        out["stages"][name] = time_primed(torch, ga, args.iters, args.warmup, cpu)
+        res = timed_loop(torch, {"a": ga}, args.iters, args.warmup, "primed", 2000.0, cpu)
+        out["stages"][name] = _stats(*res)["a"]
     return out
 
 
@@ -300,8 +282,7 @@ def config_env(cfg, args):
 
 def outer(args) -> int:
     runs = []
-    plans = [(p.split(":")[0], p.split(":")[1], (p.split(":") + [""])[2]) for p in args.plans] or \
-        [("engine", second, "") for second in args.seconds]
+    plans = [tuple((p.split(":") + [""])[:3]) for p in args.plans] or [("engine", s, "") for s in args.seconds]
     for a, second, steps in plans:
         steps = steps.split(",") if steps else list(STAGES[1:])
         for cfg in args.configs:
