@@ -18,6 +18,7 @@ CASES = [  # (script, committed JSON, its key holding the script's table input (
     ("gpu_tracer_cost", "gpu_tracer_cost.h200-timerfix.json", "table", "gpu_tracer_cost.h200-timerfix.log"),
     ("gpu_overhead", "gpu_overhead.h200.json", None, "gpu_overhead.h200.log"),
     ("gpu_tracer_cost", "issue16/lease-5.json", "table", "issue16/lease-5.log"),  # docs/TRACER.md's issue-16 table
+    ("gpu_tracer_cost", "issue31/cost-lease23.json", "table", "issue31/cost-lease23.log"),  # issue 31's last table
 ]
 
 

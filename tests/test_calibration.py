@@ -98,3 +98,20 @@ def test_calibration_against_cupti_on_this_gpu(tmp_path):
     print(json.dumps({"cupti_ns": cupti, "raw_median_ns": float(np.median(raw)), "corrected_median_ns": fixed,
                       "calibration": cal.as_dict()}))
     assert abs(fixed - cupti) <= _goal(cupti), (fixed, cupti, cal)
+
+
+def test_the_calibration_on_the_legacy_stream_gives_the_own_streams_bias():
+    """Issue 31 moved the clock-sync pairs and the calibration onto the legacy NULL stream (a kernel on a stream of
+    the tracer's own slowed every graph node): the H200 capture made so validates, keeps both pairs, and calibrates
+    the bias of the own-stream capture within the calibration's own p10-p90 spread."""
+    from kvconv.format import dump
+
+    legacy, own = FIX / "calib-legacy.kvdump", FIX / "calib.kvdump"
+    assert run_cli("validate", legacy).returncode == 0
+    with dump.open(legacy) as d:
+        cal = d.metadata()["contexts"][0]["calibration"]
+        pairs = d.records("clock_sync")
+    with dump.open(own) as d:
+        ref = d.metadata()["contexts"][0]["calibration"]
+    assert cal["done"] and cal["bias_p10_ns"] <= ref["bias_ns"] <= cal["bias_p90_ns"], (cal, ref)
+    assert len(pairs) == 2 and (pairs["uncertainty_ns"] < 10_000).all(), pairs

@@ -114,6 +114,12 @@ void load_config() {
   }
   g_cfg.verbose = static_cast<int>(env_u64("KVCONV_VERBOSE", 0));
   g_cfg.calibrate = env_u64("KVCONV_CALIBRATE", 1) != 0;
+  if (const char* ss = getenv("KVCONV_SYNC_STREAM"); ss && *ss) {
+    if (!strcmp(ss, "own") || !strcmp(ss, "blocking") || !strcmp(ss, "legacy") || !strcmp(ss, "perthread") ||
+        !strcmp(ss, "nolaunch"))
+      g_cfg.sync_stream = ss;
+    else logf(0, "warning: KVCONV_SYNC_STREAM=%s is not legacy, own, blocking, perthread or nolaunch; using legacy", ss);
+  }
   std::string dir = self_dir();
   const char* pf = getenv("KVCONV_PATCH_FILE");
   g_cfg.patch_file = pf && *pf ? pf : dir + "/kvconv_patch.fatbin";

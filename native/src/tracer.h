@@ -56,6 +56,7 @@ struct Config {
   bool no_callbacks = false;     // KVCONV_CALLBACKS=none: injected and subscribed, nothing enabled (the cost floor)
   int verbose = 0;
   bool calibrate = true;         // KVCONV_CALIBRATE=0: no start-up calibration of the enter/exit bias
+  std::string sync_stream = "legacy";  // KVCONV_SYNC_STREAM: where clock-sync pairs and calibration launch (issue 31)
   std::string patch_file, clocksync_file, calib_cupti_file;
 };
 extern Config g_cfg;
