@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python3 bench/value_digest_cost.py --json bench/value_digest_cost.h200.json     # on the GPU
     PYTHONPATH=. python3 bench/value_digest_cost.py --small                                       # smoke run, CPU
+    PYTHONPATH=. python3 bench/value_digest_cost.py --profile pooled          # where a probed step's time goes
 
 The step: one CUDA graph of ``--layers`` decoder layers of a dense GQA model (hidden 4096, 8 KV heads x 128, FFN
 14336: an 8B shape), batch ``--batch``: per layer QKV projection, the K/V append of every row into its paged cache
@@ -12,8 +13,9 @@ left out: the step here is shorter than a real one, so the overhead it gives is 
 
 Per variant, ``--steps`` pairs of timed steps (after ``--warmup``), each ``replay(); synchronize()`` as an engine that
 reads its sampled tokens back does, alternately without and with the probe around it (wall clock, median;
-``probe_before_ms``: the probe's work before the replay, ``probe_after_incl_step_ms``: after the replay was queued
-until the records were made, the step's own device time included):
+``probe_before_ms``: the probe's host work before the replay, ``probe_after_ms``: after the replay was queued, until
+the block returned: on the torch path that includes waiting for the step's device work and making its records, on
+the fused path it is the launches of the step and the records of the step before, made while the device runs it):
   pooled        the 2 x layers caches are views of one pool tensor
   apart         every cache its own tensor
   pooled-after  pooled, without the digest before the step (before=False: a missed write then reads as wrong value)
@@ -124,6 +126,7 @@ def run_variant(args, torch, name: str) -> dict:
             t = time.perf_counter_ns()
             with vp.step(step, host, reqs, expect={n: outs[i] for i, n in enumerate(names)}):
                 replay()
+            sync(torch, args.device)  # the engine reads its sampled tokens back (the fused probe does not wait)
             if step >= args.warmup:
                 base.append(t_plain)
                 probed.append(time.perf_counter_ns() - t)
@@ -141,10 +144,121 @@ def run_variant(args, torch, name: str) -> dict:
             "step_with_probe_ms": round(med_p / 1e6, 4),
             "overhead_pct": round(100 * (med_p - med_b) / med_b, 2),
             "probe_before_ms": round(statistics.median(t for t, _ in warm) / 1e6, 4),
-            "probe_after_incl_step_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
+            "probe_after_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
             "step_p90_ms": round(sorted(base)[int(0.9 * (len(base) - 1))] / 1e6, 4),
             "with_probe_p90_ms": round(sorted(probed)[int(0.9 * (len(probed) - 1))] / 1e6, 4),
             "records": records, "wrong_values": wrong}
+
+
+_SECTIONS = ("values._FusedStep.__init__", "values._FusedStep.launch", "values._FusedStep.queue_read",
+             "values._FusedStep.blocks", "values._FusedBuffers.get", "values._FusedBuffers.copy",
+             "values._FusedBuffers.mark", "values._queue_slots", "values._queue_rows", "values._columns_from_blocks",
+             "values.ValueProbe._fused_before", "values.ValueProbe._fused_after", "values.ValueProbe._flush",
+             "values.ValueProbe._record", "values.ValueProbe._live", "_digest_triton.digest_addresses",
+             "writer.CanaryRecorder.add_records")
+
+
+def _time_sections() -> dict:
+    """Wrap the probe's functions of _SECTIONS with a timer: {label: (original, owner, [ns per call])}."""
+    import functools
+    import importlib
+
+    out = {}
+    for label in _SECTIONS:
+        mod, *attrs = label.split(".")
+        try:
+            owner = importlib.import_module(f"kvconv.capture.probe.{mod}")
+            for a in attrs[:-1]:
+                owner = getattr(owner, a)
+            orig = getattr(owner, attrs[-1])
+        except (ImportError, AttributeError):
+            continue
+        ns: list = []
+
+        def timed(*a, _f=orig, _ns=ns, **k):
+            t = time.perf_counter_ns()
+            try:
+                return _f(*a, **k)
+            finally:
+                _ns.append(time.perf_counter_ns() - t)
+
+        setattr(owner, attrs[-1], functools.wraps(orig)(timed))
+        out[label] = (orig, owner, ns)
+    from kvconv.capture.probe import values
+
+    values._kernel.cache_clear()  # it holds the launcher it found
+    return out
+
+
+def _untime_sections(sections: dict) -> None:
+    for label, (orig, owner, _ns) in sections.items():
+        setattr(owner, label.split(".")[-1], orig)
+    from kvconv.capture.probe import values
+
+    values._kernel.cache_clear()
+
+
+def profile(args, torch, name: str) -> None:
+    """Where one variant's probed steps spend their time: the probe's host calls (cProfile over ``--steps`` probed
+    steps, top 25 by own time) and the device's kernels and copies (torch.profiler over 10 probed steps)."""
+    import cProfile
+    import io
+    import pstats
+
+    from kvconv.capture.probe.values import ValueProbe
+    from kvconv.capture.probe.writer import CanaryRecorder
+
+    caches, outs, slots, replay = build(args, torch, name.removesuffix("-unfused") != "apart")
+    B, P = args.batch, args.page_size
+    host = [(1 + 2 * r) * P for r in range(B)]
+    slots.copy_(torch.tensor(host, dtype=torch.int64))
+    names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
+    expect = {n: outs[i] for i, n in enumerate(names)}
+    with tempfile.TemporaryDirectory() as tmp:
+        vp = ValueProbe(CanaryRecorder(os.path.join(tmp, "v.kvdump")), before=not name.startswith("pooled-after"),
+                        fused=False if name.endswith("-unfused") else None)
+        for c, n in zip(caches, names):
+            vp.watch(c, name=n, page_size=P)
+        reqs = list(range(1, B + 1))
+
+        def probed(step):
+            with vp.step(step, host, reqs, expect=expect):
+                replay()
+            sync(torch, args.device)
+
+        for step in range(args.warmup):
+            probed(step)
+        sections = _time_sections()
+        for step in range(args.steps):
+            probed(args.warmup + step)
+        _untime_sections(sections)
+        print(f"# {name}: host us per call (median of {args.steps} steps; wrapped functions, nested ones inside)")
+        for label, (_o, _w, ns) in sections.items():
+            if ns:
+                print(f"{label:42s} calls/step {len(ns) / args.steps:5.1f}  median {statistics.median(ns) / 1e3:8.1f}"
+                      f"  p90 {sorted(ns)[int(0.9 * (len(ns) - 1))] / 1e3:8.1f}")
+        warm = vp.timings[-args.steps:]
+        print(f"probe before (t0..t1) {statistics.median(t for t, _ in warm) / 1e3:.1f} us, after (t2..end) "
+              f"{statistics.median(t for _, t in warm) / 1e3:.1f} us")
+        prof = cProfile.Profile()
+        prof.enable()
+        for step in range(args.steps):
+            probed(args.warmup + step)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        print(f"# {name}: host, {args.steps} probed steps (cProfile: its own overhead inflates small calls)")
+        print(text.getvalue())
+        if args.device.startswith("cuda"):
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as tprofile
+
+            with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+                for step in range(10):
+                    probed(args.warmup + args.steps + step)
+            print(f"# {name}: device, 10 probed steps")
+            print(tp.key_averages().table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60))
+        vp.recorder.close()
 
 
 def main(argv=None) -> int:
@@ -163,6 +277,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="pooled,pooled-unfused,apart,apart-unfused,pooled-after,pooled-after-unfused")
     ap.add_argument("--small", action="store_true", help="a tiny shape for a smoke run (CPU)")
     ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--profile", metavar="VARIANT", help="profile this variant (host calls, device kernels) instead")
     args = ap.parse_args(argv)
     import torch
 
@@ -174,6 +289,9 @@ def main(argv=None) -> int:
         args.num_pages, args.steps, args.warmup = 64, 10, 2
     if 2 * args.batch + 1 > args.num_pages:
         ap.error("--num-pages must exceed 2 x --batch (each row writes its own page)")
+    if args.profile:
+        profile(args, torch, args.profile)
+        return 0
     out = {"bench": "value_digest_cost", "torch": torch.__version__, "device": args.device,
            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
            "layers": args.layers, "batch": args.batch, "caches": 2 * args.layers,

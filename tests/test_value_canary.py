@@ -599,22 +599,37 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
 
     monkeypatch.setattr(values, "_columns_from_blocks", spy)
     rng = np.random.default_rng(5)
+    def views(qs, s):
+        rows = [q[:, w:2 * w].view(_Rows) for q, w in zip(qs, widths)]
+        if not uniform:
+            rows[2] = qs[2][:, 1:1 + widths[2]].view(_Rows)  # unaligned: the numpy path within a fused step
+        return rows, s
+
     for step in range(5):
         slots = np.array([8, 20 + step, -1, 33 + step, 40, 9])
-        for q in qkv:
-            q[:] = rng.integers(-30000, 30000, q.shape)
-        src[:] = rng.integers(-30000, 30000, src.shape)
-        rows = [q[:, w:2 * w].view(_Rows) for q, w in zip(qkv, widths)]
-        if not uniform:
-            rows[2] = qkv[2][:, 1:1 + widths[2]].view(_Rows)  # unaligned: the numpy path within a fused step
+        # the engine's next values: written in stream order as a graph refills its static buffers (the fused
+        # path reads a step's digests only at the next step: the refill must not overtake its kernel)
+        new_q = [rng.integers(-30000, 30000, q.shape).astype(np.int16) for q in qkv]
+        new_src = rng.integers(-30000, 30000, src.shape).astype(np.int16).view(_Rows)
+        rows, _ = views(qkv, src)
+        new_rows, _ = views(new_q, new_src)
         expect = {f"c{i}": r for i, r in enumerate(rows) if uniform or i != 3}
+
+        def refill(new_q=new_q, new_src=new_src):
+            for q, v in zip(qkv, new_q):
+                q[:] = v
+            src[:] = new_src
+
         writes = []
         for i, c in enumerate(caches):
             flat = c.reshape(-1, widths[i])
             ok = (slots >= 0) & (slots < flat.shape[0]) & (slots != 8)
-            new = (src if i == 3 and not uniform else rows[i]).copy()
+            new = (new_src if i == 3 and not uniform else new_rows[i]).copy()
             new[3, 0] ^= i == 0  # one wrong bit in cache 0
             writes.append(lambda flat=flat, at=slots[ok], new=new[ok]: flat.__setitem__(at, new))
+        fake.pending.append(refill) if fused else refill()  # before the probe's launches: the step's inputs
+        if fused and not uniform:
+            fake.run()  # the numpy path within a fused step reads on the host at once: the device caught up first
         with contextlib.suppress(RuntimeError), vp.step(step, slots, list(range(6)), expect=expect):
             for w in writes:  # the step's writes, queued behind the probe's launches before the step
                 fake.pending.append(w) if fused else w()

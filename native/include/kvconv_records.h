@@ -342,7 +342,7 @@ KVCONV_STATIC_ASSERT(offsetof(kvconv_slot_map_t, flags) == 20, "kvconv_slot_map_
 /* one mapped slot of one watched cache in one step: digest_rows (kvconv.capture.probe.values) of the row the engine meant to write there and of the slot before and after the step; expected != actual is a wrong value, unless actual == before (the slot was not written) */
 typedef struct kvconv_value_digest_t {
   uint64_t step; /* step number given by the probe */
-  uint64_t host_ns; /* CLOCK_MONOTONIC ns when the step's digests were read */
+  uint64_t host_ns; /* CLOCK_MONOTONIC ns when the step ended (its digests queued) */
   int64_t slot; /* global slot (page * page_size + offset) the step maps the token to */
   uint64_t request_id; /* the engine's request id (0: none) */
   uint64_t expected; /* digest of the row the engine meant to write (flags say where it came from) */

@@ -21,8 +21,9 @@ Where the expected rows come from (the record's flags say which):
 
 One digest (:func:`digest_rows`) serves both sides, with numpy arrays (on the host) and torch tensors (on their
 device, queued on the current stream; torch is never imported here: a tensor is recognised by its methods). A step
-reads the digests back once (one synchronisation). Rows are compared bit for bit as stored: give rows in the
-cache's dtype (after the engine's own conversion), or use the eager reference.
+reads the digests back once (one synchronisation; the fused path below reads them at the next step). Rows are
+compared bit for bit as stored: give rows in the cache's dtype (after the engine's own conversion), or use the eager
+reference.
 
 The fused path (``ValueProbe(fused=...)``; default: where it applies, unless KVCONV_VALUE_FUSED=0): done with torch
 ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwise int64 ops, a cat), +16 % to
@@ -30,12 +31,14 @@ ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwis
 watched cache is a torch CUDA tensor on one device with 8-byte aligned slots of a multiple of 8 bytes, a Triton
 kernel (:mod:`kvconv.capture.probe._digest_triton`, imported only then) digests rows in place from their byte
 addresses, computed on the host: one launch before the step (the slots, the source rows), one after (the slots,
-the given rows), one copy back. Its host work is kept small, as it adds to every step: buffers reused across
-steps (each pinned one written again only once its last copy is done), addresses one numpy op per group of caches,
-the layouts of the rows handed over kept while the same tensors come, records built from the digests' blocks with
-no loop over caches. Its digests are the same bits, so the records are too; rows it cannot address
-(on the host, unaligned, not contiguous within a row) take the torch path within the same step, and a step with
-an eager reference takes it whole.
+the given rows), one copy back, which the step does not wait for: the step's records are made at the next step,
+once that step's launches are queued (so that the host's work overlaps the device's), or when the recorder closes.
+Its host work is kept small, as what comes before the replay adds to every step: two sets of buffers reused
+across steps in turn (each pinned one written again only once its last copy is done), addresses one numpy op per
+group of caches, the layouts of the rows handed over kept while the same tensors come, records built from the
+digests' blocks with no loop over caches: +4.3 % to +9.1 % of the step on an H200 (docs/CANARY.md). Its
+digests are the same bits, so the records are too; rows it cannot address (on the host, unaligned, not contiguous
+within a row) take the torch path within the same step, and a step with an eager reference takes it whole.
 
     >>> import numpy as np
     >>> rows = np.arange(12, dtype=np.int16).reshape(3, 4)
@@ -318,10 +321,10 @@ def _row_layout(rows, device):
 class _FusedBuffers:
     """The fused path's buffers, kept across steps (pinned memory costs more to allocate than the digests): per
     phase ("before", "after") pinned host addresses and their device copy, and the device digests with their pinned
-    host copy. An event marks the end of the work on each pair (its copy and the launches reading it); it is waited
-    for before the pair is used again: the copies are asynchronous, and a step that raised may leave its work
-    pending, on a stream the next step may not share (a buffer dropped when grown is held by torch's pinned
-    allocator until its copy is done)."""
+    host copy, in two sets (names ending in 0 and 1) that steps take in turn. An event marks the end of the work on
+    each pair (its copy and the launches reading it); it is waited for before the pair is used again: the copies
+    are asynchronous, and a step that raised may leave its work pending, on a stream the next step may not share (a
+    buffer dropped when grown is held by torch's pinned allocator until its copy is done)."""
 
     def __init__(self, device) -> None:
         import torch
@@ -356,21 +359,18 @@ class _FusedBuffers:
         """Record pair ``name``'s event after the work queued so far on the current stream."""
         self.pairs[name][3].record(self.torch.cuda.current_stream(self.device))
 
-    def wait(self) -> None:
-        """Wait for the work on every pair (done already, unless the last step raised)."""
-        for pair in self.pairs.values():
-            pair[3].synchronize()
-
 
 class _FusedStep:
     """One step's digests by the fused kernel: rows given by byte address (``bases [C] + offsets``: [k] or [C, k]
     per group of caches), written straight into the phase's pinned buffer, copied in one go and launched (one
-    launch per phase and row width) into one device buffer of int64 digests, read back once."""
+    launch per phase and row width) into one device buffer of int64 digests, copied back once (:meth:`queue_read`)
+    and read when that copy is done (:meth:`blocks`). Steps alternate between two sets of buffers (``parity``), so
+    that a step's digests can still be waiting to be read while the next step fills the other set."""
 
-    def __init__(self, kernel, bufs: _FusedBuffers, capacity: int) -> None:
-        self.kernel, self.bufs = kernel, bufs
-        bufs.wait()
-        self.out = bufs.get("digests", capacity)[2]
+    def __init__(self, kernel, bufs: _FusedBuffers, capacity: int, parity: int) -> None:
+        self.kernel, self.bufs, self.parity = kernel, bufs, str(parity)
+        self.digests = "digests" + self.parity
+        self.out = bufs.get(self.digests, capacity)[2]
         self.used, self.parts, self.queued = 0, [], {}
 
     def add(self, tag: str, cids: np.ndarray, tok: np.ndarray, bases: np.ndarray, offs: np.ndarray, words: int):
@@ -379,6 +379,7 @@ class _FusedStep:
     def launch(self, phase: str) -> None:
         n = sum(len(c) * len(t) for items in self.queued.values() for _tag, c, t, *_x in items)
         assert self.used + n <= len(self.out), "more rows than the step's digest buffer holds"
+        phase += self.parity
         host, at, spans = self.bufs.get(phase, n)[1], 0, []
         for words, items in self.queued.items():
             start = at
@@ -397,13 +398,16 @@ class _FusedStep:
         self.used += n
         self.queued = {}
 
-    def read(self) -> dict:
-        """{tag: [(cache ids, checked tokens, digests [C, k] (numpy))]}, in the order queued, after one device ->
-        host copy (the step's synchronisation). The arrays view the pinned buffer: used before the next step."""
-        n = self.used
-        self.bufs.copy("digests", n, to_device=False)
-        self.bufs.mark("digests")
-        _t, host, _d, ev = self.bufs.pairs["digests"]
+    def queue_read(self) -> None:
+        """Queue the one device -> host copy of the step's digests (after its last launch)."""
+        self.bufs.copy(self.digests, self.used, to_device=False)
+        self.bufs.mark(self.digests)
+
+    def blocks(self) -> dict:
+        """{tag: [(cache ids, checked tokens, digests [C, k] (numpy))]}, in the order queued, once the copy of
+        :meth:`queue_read` is done (waited for here). The arrays view the pinned buffer: used before the step after
+        next, which fills it again."""
+        _t, host, _d, ev = self.bufs.pairs[self.digests]
         ev.synchronize()
         out: dict = {tag: [] for tag in _TAGS}
         for tag, cids, tok, at in self.parts:
@@ -528,7 +532,9 @@ class ValueProbe(RecorderOwner):
     ``out``: a dump path (a :class:`~kvconv.capture.probe.writer.CanaryRecorder` is made for it) or a recorder
     shared with the location canary (one dump for both). ``before=False`` skips the digest of the slots before the
     step (cheaper; a slot not written then reads as a wrong value). ``timings``: per step, host ns spent by the probe
-    before the step and after it (the second includes waiting for the step's work on the device). ``fused``: the
+    before the step and after it (on the torch path the second includes waiting for the step's work on the device;
+    the fused path does not wait: a step's digests are read, and its records made, at the next step, once that
+    step's launches are queued, or when the recorder closes, and counted in that step's second figure). ``fused``: the
     Triton path for torch CUDA caches (module docstring): None where it applies and triton imports, unless the
     environment has KVCONV_VALUE_FUSED=0 (read here); False never; True where it applies, an error without triton.
     The records are the same either way; ``fused_steps`` counts the steps it took.
@@ -552,6 +558,8 @@ class ValueProbe(RecorderOwner):
         self._step: int | None = None
         self._plan = None  # _pools of the watched caches
         self._by_name: dict[str, _Cache] = {}
+        self._pending = None  # the last fused step, its records not made yet (_flush)
+        out.add_flusher(self._flush)
         self.steps = 0
 
     def watch(self, cache, *, name: str, page_size: int, slot_bytes: int | None = None, source=None) -> int:
@@ -611,7 +619,8 @@ class ValueProbe(RecorderOwner):
         live = [(c, memo[c.live_key]) for c in self.caches]
         run = None
         if dev is not None:
-            run = _FusedStep(_kernel(), self._fused[0], 4 * sum(len(tok) for _c, (tok, _i) in live))
+            run = _FusedStep(_kernel(), self._fused[0], 4 * sum(len(tok) for _c, (tok, _i) in live),
+                             self.fused_steps % 2)
             chunks = self._fused_before(run, live, memo, slots)
         else:
             chunks = self._before(live, eager)
@@ -625,15 +634,22 @@ class ValueProbe(RecorderOwner):
         t2 = time.perf_counter_ns()
         exp = self._expect
         given = [(c, e[1], tok) for c, (tok, _i) in live if (e := exp.get(c.cache_id)) is not None and e[0] == st]
+        cols = None
         if run is None:
             chunks["after"] = self._gather(live)
             chunks["given"] = self._rows_words(given)
             host = _read_back(_digest_all(chunks))  # the step's one digest pass and one synchronisation
+            self._flush()
+            cols = self._columns(live, host)
+        elif self._fused_after(run, memo, slots, given, chunks):
+            self._flush()  # the step before's records, while this step runs on the device
+            # this step's: at the next step or at close (the rows given stay referenced until their digests are read)
+            self._pending = (run, st, slots, reqs, live, chunks, time.monotonic_ns(), given)
         else:
-            host = self._fused_after(run, memo, slots, given, chunks)
-        cols = host if isinstance(host, tuple) else self._columns(live, host)
+            self._flush()
+            cols = self._fused_columns(run, live, chunks)
         if cols is not None:
-            self._record(step, slots, reqs, *cols)
+            self._record(st, slots, reqs, *cols, host_ns=time.monotonic_ns())
         self._expect.clear()
         self._step = None
         self.steps += 1
@@ -681,15 +697,21 @@ class ValueProbe(RecorderOwner):
         run.launch("before")
         return {"source": self._rows_words(slow)}
 
-    def _fused_after(self, run: _FusedStep, memo: dict, slots: np.ndarray, given: list, chunks: dict):
-        """After the step: one launch over the slots and the given rows (referenced by ``given`` until read back),
-        one copy back; rows the kernel cannot address go the torch path and are merged in. Returns the records'
-        columns where they come straight from the blocks, else {tag: {cache id: digests}}."""
+    def _fused_after(self, run: _FusedStep, memo: dict, slots: np.ndarray, given: list, chunks: dict) -> bool:
+        """After the step: one launch over the slots and the given rows, the copy back queued. Rows the kernel
+        cannot address go the torch path (into ``chunks``). Returns whether the kernel made every digest of the
+        step (then the records can wait for the next step: :meth:`_flush`)."""
         _bufs, groups, layouts = self._fused
         _queue_slots(run, "after", groups, memo, slots)
         chunks["given"] = self._rows_words(_queue_rows(run, "given", given, layouts))
         run.launch("after")
-        blocks = run.read()
+        run.queue_read()
+        return not any(chunks.values())
+
+    def _fused_columns(self, run: _FusedStep, live, chunks: dict):
+        """The records' columns of a fused step (waiting for its copy back): straight from the kernel's blocks
+        where they allow, else per cache, with the torch path's digests of ``chunks`` merged in."""
+        blocks = run.blocks()
         if not any(chunks.values()):
             cols = _columns_from_blocks(blocks, self.before)
             if cols is not None:
@@ -698,7 +720,18 @@ class ValueProbe(RecorderOwner):
         if any(chunks.values()):
             for tag, got in _read_back(_digest_all(chunks)).items():
                 host[tag].update(got)
-        return host
+        return self._columns(live, host)
+
+    def _flush(self) -> None:
+        """Make the records of the fused step left pending (the last one, if its digests all came from the
+        kernel): called at the next step, once that step's launches are queued, so that this host work overlaps
+        the device's, and when the recorder closes. Keeps the records in step order."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            run, step, slots, reqs, live, chunks, ns, _given = pending
+            cols = self._fused_columns(run, live, chunks)
+            if cols is not None:
+                self._record(step, slots, reqs, *cols, host_ns=ns)
 
     def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray, memo: dict, index: bool = True):
         """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device;
@@ -792,7 +825,7 @@ class ValueProbe(RecorderOwner):
                 np.concatenate([host["after"][c.cache_id] for c, *_x in picked]), before,
                 np.repeat([f for *_x, f in picked], lens))
 
-    def _record(self, step, slots, reqs, cids, tok, expected, actual, before, flags) -> None:
+    def _record(self, step, slots, reqs, cids, tok, expected, actual, before, flags, *, host_ns: int) -> None:
         """The step's value_digest records, one array (a record per checked token and cache, in cache order). The
         columns are written as rows of one [9, n] matrix of little-endian words (contiguous) and transposed into
         the records once: assigning 11 strided fields of 5,120 records one by one costs twice as much. The matrix
@@ -801,7 +834,7 @@ class ValueProbe(RecorderOwner):
         if self._words.shape[1] < n:
             self._words = np.empty((9, max(n, 2 * self._words.shape[1])), "<u8")
         m = self._words[:, :n]
-        m[0], m[1] = int(step), time.monotonic_ns()
+        m[0], m[1] = int(step), host_ns
         m[2], m[3] = slots[tok].view(np.uint64), reqs[tok]
         m[4], m[5] = expected.view(np.uint64), actual.view(np.uint64)
         flags = np.asarray(flags, np.uint64)

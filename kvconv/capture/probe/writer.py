@@ -81,6 +81,7 @@ class CanaryRecorder:
         self._extra: dict[str, list[np.ndarray]] = {k: [] for k in _EXTRA}
         self._nmap = 0
         self._closed = False
+        self._flushers: list = []  # probes that hold records not added yet (a ValueProbe's last step)
         # Fail now, not after a long run, if the output folder is missing.
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
@@ -97,12 +98,25 @@ class CanaryRecorder:
             self.close()
             return
         text = f"{et.__name__}: {ev}"
+        try:
+            self._flush()
+        except Exception:  # noqa: BLE001 - the caller's exception is the one to see; the records held are lost
+            pass
         last = max([int(r["step"][-1]) for r in self._records + self._extra["value_digest"] if len(r)], default=None)
         self.metadata["outcome"] = {"ended_by": "exception", "exception": text[:1000], "last_step": last}
         try:
             self.close()
         except Exception:  # noqa: BLE001 - the caller's exception is the one to see
             self._closed = True
+
+    def add_flusher(self, flush) -> None:
+        """Have ``flush()`` called before the dump is written: a probe that adds a step's records later than the
+        step (ValueProbe's fused path, at the next step) adds what it still holds."""
+        self._flushers.append(flush)
+
+    def _flush(self) -> None:
+        for flush in self._flushers:
+            flush()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -164,6 +178,7 @@ class CanaryRecorder:
     def close(self) -> None:
         if self._closed:
             return
+        self._flush()
         self._closed = True
         recs = np.concatenate(self._records) if self._records else np.zeros(0, dtype=layout.DTYPES["canary"])
         pages = np.zeros(self._npages, dtype=layout.DTYPES["canary_page"])
