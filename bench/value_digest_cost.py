@@ -38,6 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _timing import quantile  # noqa: E402 - beside this script
 
 
 def build(args, torch, pooled: bool):
@@ -94,12 +95,23 @@ def sync(torch, dev):
         torch.cuda.synchronize()
 
 
-def run_variant(args, torch, name: str) -> dict:
+def make_probe(args, torch, name: str, path: str):
+    """Variant ``name``'s step and a ValueProbe watching its caches, recording into ``path``: (probe, replay, the
+    graph's slot tensor, {cache name: the rows the step writes there}, the expect= of every step)."""
     from kvconv.capture.probe.values import ValueProbe
     from kvconv.capture.probe.writer import CanaryRecorder
 
     base_name = name.removesuffix("-unfused")
     caches, outs, slots, replay = build(args, torch, base_name != "apart")
+    vp = ValueProbe(CanaryRecorder(path), before=base_name != "pooled-after",
+                    fused=False if name.endswith("-unfused") else None)
+    names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
+    for c, n in zip(caches, names):
+        vp.watch(c, name=n, page_size=args.page_size)
+    return vp, replay, slots, {n: outs[i] for i, n in enumerate(names)}
+
+
+def run_variant(args, torch, name: str) -> dict:
     B, P = args.batch, args.page_size
     step_slots = [(1 + 2 * r) * P for r in range(B)]  # row r writes the first slot of its own page
 
@@ -109,11 +121,7 @@ def run_variant(args, torch, name: str) -> dict:
         return host
 
     with tempfile.TemporaryDirectory() as tmp:
-        rec = CanaryRecorder(os.path.join(tmp, "v.kvdump"))
-        vp = ValueProbe(rec, before=base_name != "pooled-after", fused=False if name.endswith("-unfused") else None)
-        names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
-        for c, n in zip(caches, names):
-            vp.watch(c, name=n, page_size=P)
+        vp, replay, slots, expect = make_probe(args, torch, name, os.path.join(tmp, "v.kvdump"))
         reqs = list(range(1, B + 1))
         base, probed = [], []
         for step in range(args.warmup + args.steps):  # a plain step and a probed one, in turn
@@ -124,13 +132,13 @@ def run_variant(args, torch, name: str) -> dict:
             t_plain = time.perf_counter_ns() - t
             host = set_slots(step)
             t = time.perf_counter_ns()
-            with vp.step(step, host, reqs, expect={n: outs[i] for i, n in enumerate(names)}):
+            with vp.step(step, host, reqs, expect=expect):
                 replay()
             sync(torch, args.device)  # the engine reads its sampled tokens back (the fused probe does not wait)
             if step >= args.warmup:
                 base.append(t_plain)
                 probed.append(time.perf_counter_ns() - t)
-        rec.close()
+        vp.close()
         from kvconv.format import dump
 
         with dump.open(os.path.join(tmp, "v.kvdump")) as d:
@@ -145,8 +153,8 @@ def run_variant(args, torch, name: str) -> dict:
             "overhead_pct": round(100 * (med_p - med_b) / med_b, 2),
             "probe_before_ms": round(statistics.median(t for t, _ in warm) / 1e6, 4),
             "probe_after_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
-            "step_p90_ms": round(sorted(base)[int(0.9 * (len(base) - 1))] / 1e6, 4),
-            "with_probe_p90_ms": round(sorted(probed)[int(0.9 * (len(probed) - 1))] / 1e6, 4),
+            "step_p90_ms": round(quantile(base, 0.9) / 1e6, 4),
+            "with_probe_p90_ms": round(quantile(probed, 0.9) / 1e6, 4),
             "records": records, "wrong_values": wrong}
 
 
@@ -205,21 +213,11 @@ def profile(args, torch, name: str) -> None:
     import io
     import pstats
 
-    from kvconv.capture.probe.values import ValueProbe
-    from kvconv.capture.probe.writer import CanaryRecorder
-
-    caches, outs, slots, replay = build(args, torch, name.removesuffix("-unfused") != "apart")
-    B, P = args.batch, args.page_size
-    host = [(1 + 2 * r) * P for r in range(B)]
-    slots.copy_(torch.tensor(host, dtype=torch.int64))
-    names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
-    expect = {n: outs[i] for i, n in enumerate(names)}
     with tempfile.TemporaryDirectory() as tmp:
-        vp = ValueProbe(CanaryRecorder(os.path.join(tmp, "v.kvdump")), before=not name.startswith("pooled-after"),
-                        fused=False if name.endswith("-unfused") else None)
-        for c, n in zip(caches, names):
-            vp.watch(c, name=n, page_size=P)
-        reqs = list(range(1, B + 1))
+        vp, replay, slots, expect = make_probe(args, torch, name, os.path.join(tmp, "v.kvdump"))
+        host = [(1 + 2 * r) * args.page_size for r in range(args.batch)]
+        slots.copy_(torch.tensor(host, dtype=torch.int64))
+        reqs = list(range(1, args.batch + 1))
 
         def probed(step):
             with vp.step(step, host, reqs, expect=expect):
@@ -236,7 +234,7 @@ def profile(args, torch, name: str) -> None:
         for label, (_o, _w, ns) in sections.items():
             if ns:
                 print(f"{label:42s} calls/step {len(ns) / args.steps:5.1f}  median {statistics.median(ns) / 1e3:8.1f}"
-                      f"  p90 {sorted(ns)[int(0.9 * (len(ns) - 1))] / 1e3:8.1f}")
+                      f"  p90 {quantile(ns, 0.9) / 1e3:8.1f}")
         warm = vp.timings[-args.steps:]
         print(f"probe before (t0..t1) {statistics.median(t for t, _ in warm) / 1e3:.1f} us, after (t2..end) "
               f"{statistics.median(t for _, t in warm) / 1e3:.1f} us")
@@ -258,7 +256,7 @@ def profile(args, torch, name: str) -> None:
                     probed(args.warmup + args.steps + step)
             print(f"# {name}: device, 10 probed steps")
             print(tp.key_averages().table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60))
-        vp.recorder.close()
+        vp.close()
 
 
 def main(argv=None) -> int:

@@ -599,11 +599,12 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
 
     monkeypatch.setattr(values, "_columns_from_blocks", spy)
     rng = np.random.default_rng(5)
-    def views(qs, s):
+
+    def views(qs):
         rows = [q[:, w:2 * w].view(_Rows) for q, w in zip(qs, widths)]
         if not uniform:
             rows[2] = qs[2][:, 1:1 + widths[2]].view(_Rows)  # unaligned: the numpy path within a fused step
-        return rows, s
+        return rows
 
     for step in range(5):
         slots = np.array([8, 20 + step, -1, 33 + step, 40, 9])
@@ -611,8 +612,7 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
         # path reads a step's digests only at the next step: the refill must not overtake its kernel)
         new_q = [rng.integers(-30000, 30000, q.shape).astype(np.int16) for q in qkv]
         new_src = rng.integers(-30000, 30000, src.shape).astype(np.int16).view(_Rows)
-        rows, _ = views(qkv, src)
-        new_rows, _ = views(new_q, new_src)
+        rows, new_rows = views(qkv), views(new_q)
         expect = {f"c{i}": r for i, r in enumerate(rows) if uniform or i != 3}
 
         def refill(new_q=new_q, new_src=new_src):

@@ -36,7 +36,7 @@ once that step's launches are queued (so that the host's work overlaps the devic
 Its host work is kept small, as what comes before the replay adds to every step: two sets of buffers reused
 across steps in turn (each pinned one written again only once its last copy is done), addresses one numpy op per
 group of caches, the layouts of the rows handed over kept while the same tensors come, records built from the
-digests' blocks with no loop over caches: +4.3 % to +9.1 % of the step on an H200 (docs/CANARY.md). Its
+digests' blocks with no loop over caches: +4.3 % to +10.3 % of the step on an H200 (docs/CANARY.md). Its
 digests are the same bits, so the records are too; rows it cannot address (on the host, unaligned, not contiguous
 within a row) take the torch path within the same step, and a step with an eager reference takes it whole.
 
