@@ -19,9 +19,11 @@ the fused path it is the launches of the step and the records of the step before
   pooled        the 2 x layers caches are views of one pool tensor
   apart         every cache its own tensor
   pooled-after  pooled, without the digest before the step (before=False: a missed write then reads as wrong value)
-each with the probe's fused path (a Triton kernel digesting the rows in place from their addresses: one launch
-before the step, one after, one copy back) and, as ``<variant>-unfused``, with its torch path (``fused=False``: a
-gather for the pooled caches or one per cache, then one digest pass over all), in the same process. ``path`` says
+each with the probe's fused path (a Triton kernel digesting the rows in place from their addresses: the slots by
+one CUDA graph replay before the step and one after, the given rows by a launch after it, one copy back), as
+``<variant>-launch`` with the slots by Triton launches instead of replays (``graphs=False``), and, as
+``<variant>-unfused``, with its torch path (``fused=False``: a gather for the pooled caches or one per cache, then
+one digest pass over all), in the same process. ``path`` says
 which one the probe took on every step ("fused" or "torch"; the fused variants fall back to "torch" on the CPU or
 without triton). The probe digests, per step, the expected rows (the K/V the step wrote, given with ``expect=``),
 and the slots after (and before) the step: 3 x 2 x layers x batch rows of 2 KiB. Prints one JSON document.
@@ -101,10 +103,10 @@ def make_probe(args, torch, name: str, path: str):
     from kvconv.capture.probe.values import ValueProbe
     from kvconv.capture.probe.writer import CanaryRecorder
 
-    base_name = name.removesuffix("-unfused")
+    base_name = name.removesuffix("-unfused").removesuffix("-launch")
     caches, outs, slots, replay = build(args, torch, base_name != "apart")
     vp = ValueProbe(CanaryRecorder(path), before=base_name != "pooled-after",
-                    fused=False if name.endswith("-unfused") else None)
+                    fused=False if name.endswith("-unfused") else None, graphs=not name.endswith("-launch"))
     names = [f"L{i // 2}.{'kv'[i % 2]}" for i in range(len(caches))]
     for c, n in zip(caches, names):
         vp.watch(c, name=n, page_size=args.page_size)
@@ -155,7 +157,8 @@ def run_variant(args, torch, name: str) -> dict:
             "probe_after_ms": round(statistics.median(t for _, t in warm) / 1e6, 4),
             "step_p90_ms": round(quantile(base, 0.9) / 1e6, 4),
             "with_probe_p90_ms": round(quantile(probed, 0.9) / 1e6, 4),
-            "records": records, "wrong_values": wrong}
+            "records": records, "wrong_values": wrong,
+            "slot_graphs": len(vp._fused[0].graphs) if vp._fused else 0}  # 4 where the slots went by replays
 
 
 _SECTIONS = ("values._FusedStep.__init__", "values._FusedStep.launch", "values._FusedStep.queue_read",
@@ -163,6 +166,7 @@ _SECTIONS = ("values._FusedStep.__init__", "values._FusedStep.launch", "values._
              "values._FusedBuffers.mark", "values._queue_slots", "values._queue_rows", "values._columns_from_blocks",
              "values.ValueProbe._fused_before", "values.ValueProbe._fused_after", "values.ValueProbe._flush",
              "values.ValueProbe._record", "values.ValueProbe._live", "_digest_triton.digest_addresses",
+             "values._FusedStep.slot_graph", "_digest_triton.SlotDigests.run",
              "writer.CanaryRecorder.add_records")
 
 
@@ -272,7 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--variants", default="pooled,pooled-unfused,apart,apart-unfused,pooled-after,pooled-after-unfused")
+    ap.add_argument("--variants", default="pooled,pooled-launch,pooled-unfused,apart,apart-unfused,pooled-after,"
+                    "pooled-after-unfused")
     ap.add_argument("--small", action="store_true", help="a tiny shape for a smoke run (CPU)")
     ap.add_argument("--json", help="also write the result here")
     ap.add_argument("--profile", metavar="VARIANT", help="profile this variant (host calls, device kernels) instead")

@@ -567,9 +567,43 @@ class _FakeDevice:
         self.pending.append(go)
 
 
-def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
-    """Five steps on host caches, the fused path's host side driven through _FakeDevice (fused=True) or the numpy
-    path; step 2 raises inside its block (its copies left pending). Returns the records and the fast-path count."""
+class _FakeSlotDigests:
+    """SlotDigests' interface on _FakeDevice: the replay is queued (it digests the slots copied at run, as the real
+    one reads them from its pinned buffer), its event recorded after it; ``made`` counts the graphs made."""
+
+    made = 0
+
+    def __init__(self, fake: _FakeDevice, groups: list, caps: list) -> None:
+        self.fake, self.groups, self.caps = fake, groups, list(caps)
+        self.out = [np.full(len(cids) * cap, -1, np.int64) for (cids, _b, _sb), cap in zip(groups, caps)]
+        self.event = fake.event()
+        self.event.record(None)
+        type(self).made += 1
+
+    def fits(self, counts) -> bool:
+        return all(k <= c for k, c in zip(counts, self.caps))
+
+    def run(self, slots: list) -> list:
+        self.event.synchronize()
+        views = [o[:len(g[0]) * len(s)].reshape(len(g[0]), len(s)) for o, g, s in zip(self.out, self.groups, slots)]
+        taken = [np.array(s) for s in slots]
+
+        def replay():
+            for v, (_cids, bases, sb), s in zip(views, self.groups, taken):
+                for i, base in enumerate(bases):
+                    v[i] = digest_words(np.stack([self.fake._row(int(base + x * sb), sb // 8) for x in s])) \
+                        if len(s) else v[i]
+
+        self.fake.pending.append(replay)
+        self.event.record(None)
+        return views
+
+
+def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, graphs: bool = False):
+    """Five steps on host caches, the fused path's host side driven through _FakeDevice (fused=True; ``graphs``:
+    the slots by _FakeSlotDigests, one slot's room at first, so that a graph is made again as steps map more) or
+    the numpy path; step 2 raises inside its block (its copies left pending). Returns the records and the fast-path
+    count."""
     from kvconv.capture.probe import values
 
     widths = [8, 8, 8, 8] if uniform else [8, 12, 8, 4]
@@ -587,7 +621,10 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
     for i, c in enumerate(caches):
         vp.watch(c, name=f"c{i}", page_size=PAGE, source=None if uniform or i != 3 else src)
     if fused:
-        vp._fused = (fake.bufs, values._slot_groups(vp.caches), {})
+        fake.bufs.graphs, fake.bufs.no_graphs = {}, False
+        monkeypatch.setattr(values, "_MIN_SLOTS", 1)
+        vp._fused = (fake.bufs, values._slot_groups(vp.caches), {},
+                     (lambda _dev, groups, caps: _FakeSlotDigests(fake, groups, caps)) if graphs else None)
     fast = 0
     real = values._columns_from_blocks
 
@@ -607,7 +644,7 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
         return rows
 
     for step in range(5):
-        slots = np.array([8, 20 + step, -1, 33 + step, 40, 9])
+        slots = np.array([8, 20 + step, -1, 33 + step, -1 if step == 0 else 40, 9])  # step 0: one token fewer
         # the engine's next values: written in stream order as a graph refills its static buffers (the fused
         # path reads a step's digests only at the next step: the refill must not overtake its kernel)
         new_q = [rng.integers(-30000, 30000, q.shape).astype(np.int16) for q in qkv]
@@ -641,12 +678,16 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool):
         return d.records("value_digest"), fast
 
 
-@pytest.mark.parametrize("uniform", [True, False])
-def test_fused_host_side_records_equal_the_numpy_path(tmp_path, monkeypatch, uniform):
+@pytest.mark.parametrize("uniform,graphs", [(True, False), (False, False), (True, True), (False, True)])
+def test_fused_host_side_records_equal_the_numpy_path(tmp_path, monkeypatch, uniform, graphs):
     """The fused path's host side (addresses built per group into reused buffers, the layout cache of given rows,
-    the records straight from its blocks or per cache) records what the numpy path does, also with its copies
-    asynchronous and a step that raised leaving them pending."""
-    fused, fast = _fused_host_run(tmp_path, "f", True, monkeypatch, uniform)
+    the records straight from its blocks or per cache; with graphs, the slots by slot graphs made again as a step
+    maps more) records what the numpy path does, also with its copies asynchronous and a step that raised leaving
+    them pending."""
+    _FakeSlotDigests.made = 0
+    fused, fast = _fused_host_run(tmp_path, "f", True, monkeypatch, uniform, graphs)
+    if graphs:  # per phase and parity and group: a first graph (one slot's room) and one made as steps map more
+        assert _FakeSlotDigests.made > 4
     plain, _ = _fused_host_run(tmp_path, "p", False, monkeypatch, uniform)
     assert fast == (4 if uniform else 0)  # uniform: every step's records from the blocks; else per cache
     assert len(fused) == len(plain) > 0

@@ -66,6 +66,29 @@ def test_fused_digest_equals_numpy_strided():
         assert _row_layout(rows, DEV) is None  # unaligned, gaps within a row, transposed, on the host
 
 
+def test_slot_graph_digests_equal_numpy():
+    """SlotDigests: three groups (two caches of 16-byte slots, one of 24, one whose step maps nothing), replayed
+    for steps of different slots within its room: each replay's digests are numpy's of the slots' rows."""
+    from kvconv.capture.probe._digest_triton import SlotDigests
+
+    caches = [_random((NPAGES, PAGE, 8), torch.bfloat16, seed=i) for i in range(2)]
+    caches += [_random((NPAGES, PAGE, 12), torch.bfloat16, seed=7), _random((NPAGES, PAGE, 8), torch.bfloat16, 9)]
+    groups = [(np.array([0, 1]), np.array([c.data_ptr() for c in caches[:2]], np.int64), 16),
+              (np.array([2]), np.array([caches[2].data_ptr()], np.int64), 24),
+              (np.array([3]), np.array([caches[3].data_ptr()], np.int64), 16)]
+    graph = SlotDigests(DEV, groups, [8, 8, 4])
+    for slots in ([np.array([3, 0, 63, 17]), np.array([5, 5]), np.array([], np.int64)],
+                  [np.arange(8) * 7, np.array([1]), np.array([], np.int64)]):
+        assert graph.fits([len(x) for x in slots])
+        got = graph.run(slots)
+        graph.event.synchronize()
+        for (cids, _b, sb), s, m in zip(groups, slots, got):
+            assert m.shape == (len(cids), len(s))
+            for row, cid in zip(m, cids):
+                assert (row == _reference(caches[cid].reshape(-1, sb // 2)[torch.as_tensor(s, device=DEV)])).all()
+    assert not graph.fits([9, 1, 0])
+
+
 def _records(path) -> np.ndarray:
     with dump.open(path) as d:
         return d.records("value_digest")
@@ -90,15 +113,17 @@ def _caches(kind: str):
             torch.zeros(NPAGES, PAGE, 3, dtype=torch.float64, device=DEV)]
 
 
-def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | None = None, raise_step: int = -1):
+def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | None = None, raise_step: int = -1,
+              graphs: bool = True):
     """Four steps with a fused and an unfused probe nested around each (both see the same slots); returns their
     records and the probes. Cache 0 gets a wrong row, cache 1 its rows from the host (the torch path within a fused
     step), cache 2 unaligned rows (likewise), cache 3 its rows from a source tensor; slot 8 is never written.
-    Step ``raise_step`` raises inside both blocks after its writes (no records; its copies may be left pending)."""
+    Step ``raise_step`` raises inside both blocks after its writes (no records; its copies may be left pending).
+    ``graphs``: the fused probe's slots by CUDA graph replays (else by Triton launches)."""
     caches = _caches(kind)
     width = [int(c.shape[-1]) for c in caches]
     src = torch.zeros(6, width[3], dtype=caches[3].dtype, device=DEV)
-    probes = [ValueProbe(tmp_path / f"{kind}.{f}.kvdump", before=before, fused=f) for f in (None, False)]
+    probes = [ValueProbe(tmp_path / f"{kind}.{f}.kvdump", before=before, fused=f, graphs=graphs) for f in (None, False)]
     for vp in probes:
         for i, c in enumerate(caches):
             vp.watch(c, name=f"c{i}", page_size=PAGE, source=src if i == 3 else None)
@@ -134,10 +159,19 @@ def _run_both(tmp_path, kind: str, *, before: bool = True, eager_step: int | Non
     return [_records(vp.recorder.path) for vp in probes], probes
 
 
+def _graphs(probe) -> dict:
+    """The fused probe's slot graphs by name (none where its slots went by launches)."""
+    bufs = probe._fused[0]
+    assert not bufs.no_graphs
+    return bufs.graphs
+
+
+@pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("kind", ["pooled", "apart", "mixed"])
-def test_probe_records_equal_the_torch_path(tmp_path, kind):
-    (fused, plain), (pf, pp) = _run_both(tmp_path, kind)
+def test_probe_records_equal_the_torch_path(tmp_path, kind, graphs):
+    (fused, plain), (pf, pp) = _run_both(tmp_path, kind, graphs=graphs)
     assert (pf.fused_steps, pp.fused_steps) == (4, 0)
+    assert sorted(_graphs(pf)) == (["after0", "after1", "before0", "before1"] if graphs else [])
     _assert_same(fused, plain)
     wrong = fused[fused["expected"] != fused["actual"]]
     assert sorted({(int(r["cache_id"]), int(r["slot"])) for r in wrong if r["slot"] != 8}) == \
@@ -201,6 +235,9 @@ def test_buffers_kept_across_steps(tmp_path):
                 cache.view(-1, 8)[slots] = rows
         vp.close()
         assert vp.fused_steps == (4 if f is None else 0)
+        if f is None:  # the odd steps' slot graphs made again for 600 slots: room for 1024 (from 64)
+            assert {k: g.caps for k, g in _graphs(vp).items()} == {f"{p}{i}": [64 if i == 0 else 1024]
+                                                                    for p in ("before", "after") for i in (0, 1)}
         out.append(_records(vp.recorder.path))
     _assert_same(*out)
     r = out[0]

@@ -30,9 +30,11 @@ ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwis
 +59 % of a 6.3 ms 40-layer decode step on an H200 (bench/value_digest_cost.py; the goal is 5 %). Where every
 watched cache is a torch CUDA tensor on one device with 8-byte aligned slots of a multiple of 8 bytes, a Triton
 kernel (:mod:`kvconv.capture.probe._digest_triton`, imported only then) digests rows in place from their byte
-addresses, computed on the host: one launch before the step (the slots, the source rows), one after (the slots,
-the given rows), one copy back, which the step does not wait for: the step's records are made at the next step,
-once that step's launches are queued (so that the host's work overlaps the device's), or when the recorder closes.
+addresses: before the step the slots (one CUDA graph replay: its kernel reads the slots from pinned memory and adds
+them to the caches' addresses) and the source rows (one launch, addresses computed on the host), after it the
+slots (a replay) and the given rows (a launch), one copy back, which the step does not wait for: the step's
+records are made at the next step, once that step's launches are queued (so that the host's work overlaps the
+device's), or when the recorder closes.
 Its host work is kept small, as what comes before the replay adds to every step: two sets of buffers reused
 across steps in turn (each pinned one written again only once its last copy is done), addresses one numpy op per
 group of caches, the layouts of the rows handed over kept while the same tensors come, records built from the
@@ -291,6 +293,19 @@ def _kernel():
     return _digest_triton.digest_addresses
 
 
+def _slot_graphs():
+    """The fused path's graph of slot digests (kvconv.capture.probe._digest_triton.SlotDigests), None without
+    triton."""
+    if _kernel() is None:
+        return None
+    from kvconv.capture.probe import _digest_triton
+
+    return _digest_triton.SlotDigests
+
+
+_MIN_SLOTS = 64  # a slot graph's smallest capacity (slots per group): a new one is captured when a step has more
+
+
 def _check_rows(c: _Cache, rows, tok) -> None:
     """Refuse rows handed over for cache ``c`` that do not cover the step's checked tokens or are not a slot wide."""
     n, k = int(rows.shape[0]), len(tok)
@@ -331,6 +346,30 @@ class _FusedBuffers:
 
         self.torch, self.device = torch, device
         self.pairs: dict = {}  # name -> [host tensor (pinned), its numpy view, device tensor, event]
+        self.graphs: dict = {}  # name -> SlotDigests (or a maker's like), see slot_graph
+        self.no_graphs = False  # a capture failed: the slots go by address from then on
+
+    def slot_graph(self, name: str, groups: list, counts: list, make):
+        """The slot graph ``name`` (made by ``make(device, groups, caps)``) for a step of ``counts`` slots per
+        group: the last one where they fit, else a new one with room for twice as many (None once a capture has
+        failed: CUDA graphs are refused inside another capture, say)."""
+        old = self.graphs.get(name)
+        if old is not None and old.fits(counts):
+            return old
+        if self.no_graphs:
+            return None
+        caps = [max(_MIN_SLOTS, 1 << max(int(k) - 1, 0).bit_length()) for k in counts]
+        if old is not None:
+            old.event.synchronize()  # its buffer is freed: nothing of it pending
+            caps = [max(c, 2 * o) for c, o in zip(caps, old.caps)]
+        try:
+            new = make(self.device, [(cids, bases, sb) for _key, sb, cids, bases in groups], caps)
+        except Exception:  # noqa: BLE001 - any failure to capture: the address path gives the same digests
+            self.no_graphs = True
+            self.graphs.pop(name, None)
+            return None
+        self.graphs[name] = new
+        return new
 
     def get(self, name: str, n: int) -> list:
         """The pair ``name`` of at least ``n`` int64, its host side free to write (its last copy completed)."""
@@ -371,7 +410,21 @@ class _FusedStep:
         self.kernel, self.bufs, self.parity = kernel, bufs, str(parity)
         self.digests = "digests" + self.parity
         self.out = bufs.get(self.digests, capacity)[2]
-        self.used, self.parts, self.queued = 0, [], {}
+        self.used, self.parts, self.queued, self.waits = 0, [], {}, []
+
+    def slot_graph(self, tag: str, groups: list, memo: dict, slots: np.ndarray, make) -> bool:
+        """The step's checked slots of every group of caches digested by one graph replay (``make``: the slot
+        graphs' maker, see :meth:`_FusedBuffers.slot_graph`); False where there is none (then by address)."""
+        if make is None:
+            return False
+        toks = [memo[key][0] for key, *_x in groups]
+        graph = self.bufs.slot_graph(tag + self.parity, groups, [len(t) for t in toks], make)
+        if graph is None:
+            return False
+        for (_key, _sb, cids, _b), tok, view in zip(groups, toks, graph.run([slots[t] for t in toks])):
+            self.parts.append((tag, cids, tok, view))
+        self.waits.append(graph.event)
+        return True
 
     def add(self, tag: str, cids: np.ndarray, tok: np.ndarray, bases: np.ndarray, offs: np.ndarray, words: int):
         self.queued.setdefault(words, []).append((tag, cids, tok, bases, offs))
@@ -379,6 +432,9 @@ class _FusedStep:
     def launch(self, phase: str) -> None:
         n = sum(len(c) * len(t) for items in self.queued.values() for _tag, c, t, *_x in items)
         assert self.used + n <= len(self.out), "more rows than the step's digest buffer holds"
+        if not n:
+            self.queued = {}
+            return
         phase += self.parity
         host, at, spans = self.bufs.get(phase, n)[1], 0, []
         for words, items in self.queued.items():
@@ -389,12 +445,11 @@ class _FusedStep:
                 self.parts.append((tag, cids, tok, self.used + at))
                 at += m
             spans.append((words, start, at))
-        if n:
-            dev = self.bufs.copy(phase, n, to_device=True)  # one host -> device copy, then a launch per width
-            for words, start, end in spans:
-                if end > start:
-                    self.kernel(dev[start:end], self.out[self.used + start:self.used + end], words)
-            self.bufs.mark(phase)
+        dev = self.bufs.copy(phase, n, to_device=True)  # one host -> device copy, then a launch per width
+        for words, start, end in spans:
+            if end > start:
+                self.kernel(dev[start:end], self.out[self.used + start:self.used + end], words)
+        self.bufs.mark(phase)
         self.used += n
         self.queued = {}
 
@@ -409,9 +464,13 @@ class _FusedStep:
         next, which fills it again."""
         _t, host, _d, ev = self.bufs.pairs[self.digests]
         ev.synchronize()
+        for w in self.waits:  # the slot graphs' (on the stream of their step's phase)
+            w.synchronize()
         out: dict = {tag: [] for tag in _TAGS}
         for tag, cids, tok, at in self.parts:
-            out[tag].append((cids, tok, host[at:at + len(cids) * len(tok)].reshape(len(cids), len(tok))))
+            if isinstance(at, int):
+                at = host[at:at + len(cids) * len(tok)].reshape(len(cids), len(tok))
+            out[tag].append((cids, tok, at))
         return out
 
 
@@ -537,20 +596,27 @@ class ValueProbe(RecorderOwner):
     step's launches are queued, or when the recorder closes, and counted in that step's second figure). ``fused``: the
     Triton path for torch CUDA caches (module docstring): None where it applies and triton imports, unless the
     environment has KVCONV_VALUE_FUSED=0 (read here); False never; True where it applies, an error without triton.
-    The records are the same either way; ``fused_steps`` counts the steps it took.
+    The records are the same either way; ``fused_steps`` counts the steps it took. ``graphs``: on the fused path,
+    the slots' digests before and after the step by one CUDA graph replay each (made at the first step and again
+    when a step maps more slots than it holds; the host reads the slots into pinned memory and the digests out of
+    it), instead of a Triton launch each, whose ~65-95 us of host work before the replay add to every step; False,
+    or KVCONV_VALUE_GRAPHS=0 in the environment: launches.
     """
 
     def __init__(self, out, *, metadata: dict | None = None, context_id: int = 0, device_id: int = 0,
-                 before: bool = True, fused: bool | None = None) -> None:
+                 before: bool = True, fused: bool | None = None, graphs: bool = True) -> None:
         if isinstance(out, (str, os.PathLike)):
             out = CanaryRecorder(out, context_id=context_id, device_id=device_id, metadata=metadata)
         self.recorder = out
         self.before = before
         self.fused = False if fused is None and os.environ.get("KVCONV_VALUE_FUSED") == "0" else fused
+        self.graphs = graphs and os.environ.get("KVCONV_VALUE_GRAPHS") != "0"
         self.fused_steps = 0
         self._fused_dev = None  # (device or None) once decided for the watched caches
-        self._fused = None  # (_FusedBuffers, _slot_groups, row plans) of the fused path, made with _fused_dev
+        self._fused = None  # (_FusedBuffers, _slot_groups, row plans, slot graphs' maker or None), with _fused_dev
         self.caches: list[_Cache] = []
+        self._reps: list[_Cache] = []  # see watch
+        self._sourced: list[_Cache] = []
         self._slot_bytes = np.zeros(0, np.int64)
         self._words = np.empty((9, 0), "<u8")  # _record's scratch
         self.timings: list[tuple[int, int]] = []
@@ -575,6 +641,8 @@ class ValueProbe(RecorderOwner):
         self._slot_bytes = np.array([x.slot_bytes for x in self.caches], np.int64)  # by cache id, for _record
         self._by_name[name] = c
         self._plan = self._fused_dev = self._fused = None
+        self._reps = list({x.live_key: x for x in self.caches}.values())  # a cache per live key
+        self._sourced = [x for x in self.caches if x.source is not None]
         self.recorder.add_cache(cache_id=c.cache_id, name=name, base=c.base, size=c.num_slots * c.slot_bytes,
                                 slot_bytes=c.slot_bytes, page_size=c.page_size)
         return c.cache_id
@@ -614,15 +682,15 @@ class ValueProbe(RecorderOwner):
         t0 = time.perf_counter_ns()
         dev = self._fused_device() if eager is None else None
         memo: dict = {}
-        for c in {c.live_key: c for c in self.caches}.values():  # the checked tokens, once per live key
+        for c in self._reps:  # the checked tokens, once per live key
             self._live(c, slots, pads, memo, dev is None)
-        live = [(c, memo[c.live_key]) for c in self.caches]
-        run = None
+        run = live = None  # the fused path lists every cache's tokens after the replay is queued
         if dev is not None:
-            run = _FusedStep(_kernel(), self._fused[0], 4 * sum(len(tok) for _c, (tok, _i) in live),
-                             self.fused_steps % 2)
-            chunks = self._fused_before(run, live, memo, slots)
+            capacity = 4 * sum(len(cids) * len(memo[key][0]) for key, _sb, cids, _b in self._fused[1])
+            run = _FusedStep(_kernel(), self._fused[0], capacity, self.fused_steps % 2)
+            chunks = self._fused_before(run, memo, slots)
         else:
+            live = [(c, memo[c.live_key]) for c in self.caches]
             chunks = self._before(live, eager)
         t1 = time.perf_counter_ns()
         try:
@@ -632,6 +700,8 @@ class ValueProbe(RecorderOwner):
             self._step = None
             raise
         t2 = time.perf_counter_ns()
+        if live is None:
+            live = [(c, memo[c.live_key]) for c in self.caches]
         exp = self._expect
         given = [(c, e[1], tok) for c, (tok, _i) in live if (e := exp.get(c.cache_id)) is not None and e[0] == st]
         cols = None
@@ -683,17 +753,17 @@ class ValueProbe(RecorderOwner):
                     raise RuntimeError("ValueProbe(fused=True): triton cannot be imported")
             self._fused_dev = dev
             if dev:
-                self._fused = (_FusedBuffers(dev), _slot_groups(cs), {})
+                self._fused = (_FusedBuffers(dev), _slot_groups(cs), {}, _slot_graphs() if self.graphs else None)
         return self._fused_dev or None
 
-    def _fused_before(self, run: _FusedStep, live, memo: dict, slots: np.ndarray) -> dict:
+    def _fused_before(self, run: _FusedStep, memo: dict, slots: np.ndarray) -> dict:
         """Before the step: one launch digests the checked slots (unless ``before=False``) and the source rows in
         place; source rows the kernel cannot address are copied for the torch path (returned as chunks)."""
-        _bufs, groups, layouts = self._fused
-        if self.before:
+        _bufs, groups, layouts, graphs = self._fused
+        if self.before and not run.slot_graph("before", groups, memo, slots, graphs):
             _queue_slots(run, "before", groups, memo, slots)
-        src = [(c, c.source, tok) for c, (tok, _) in live if c.source is not None]
-        slow = _queue_rows(run, "source", src, layouts)
+        src = [(c, c.source, memo[c.live_key][0]) for c in self._sourced]
+        slow = _queue_rows(run, "source", src, layouts) if src else []
         run.launch("before")
         return {"source": self._rows_words(slow)}
 
@@ -701,8 +771,9 @@ class ValueProbe(RecorderOwner):
         """After the step: one launch over the slots and the given rows, the copy back queued. Rows the kernel
         cannot address go the torch path (into ``chunks``). Returns whether the kernel made every digest of the
         step (then the records can wait for the next step: :meth:`_flush`)."""
-        _bufs, groups, layouts = self._fused
-        _queue_slots(run, "after", groups, memo, slots)
+        _bufs, groups, layouts, graphs = self._fused
+        if not run.slot_graph("after", groups, memo, slots, graphs):
+            _queue_slots(run, "after", groups, memo, slots)
         chunks["given"] = self._rows_words(_queue_rows(run, "given", given, layouts))
         run.launch("after")
         run.queue_read()
