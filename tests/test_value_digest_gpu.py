@@ -84,7 +84,7 @@ def test_slot_graph_digests_equal_numpy():
         graph.event.synchronize()
         for (cids, _b, sb), s, m in zip(groups, slots, got):
             assert m.shape == (len(cids), len(s))
-            for row, cid in zip(m, cids):
+            for row, cid in zip(m, cids if len(s) else []):
                 assert (row == _reference(caches[cid].reshape(-1, sb // 2)[torch.as_tensor(s, device=DEV)])).all()
     assert not graph.fits([9, 1, 0])
 

@@ -111,8 +111,8 @@ class SlotDigests:
     Made for fixed capacities (``caps``: the most slots of a step per group) and kept while a step fits. The host
     writes a step's slots into a pinned buffer and reads the digests from it; the graph copies the slots to the
     device, digests them and copies the digests back (kernels reading and writing the pinned buffer through
-    unified addressing: no copy to queue). Its event marks when the digests are there and the buffer is free to
-    write again. ``groups``: per group (cache ids, their slot-0 addresses, slot bytes)."""
+    unified addressing: no copy to queue). Its event, recorded by the graph, marks when the digests are there and the
+    buffer is free to write again. ``groups``: per group (cache ids, their slot-0 addresses, slot bytes)."""
 
     def __init__(self, device, groups: list, caps: list) -> None:
         self.device, self.caps = device, [int(c) for c in caps]
@@ -129,7 +129,8 @@ class SlotDigests:
         self.buf = torch.zeros(max(at, 1), dtype=torch.int64, device=device)
         self.bases = [torch.tensor(np_bases, dtype=torch.int64, device=device) for _c, np_bases, _sb in groups]
         self.args = [(int(sb), int(sb) // 8, _i64((int(sb) // 8) * _G)) for _c, _b, sb in groups]
-        self.event = torch.cuda.Event()
+        # recorded by the graph itself (an event record node): Event.record costs ~10 us of host a call
+        self.event = torch.cuda.Event(external=True)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device):
             cur = torch.cuda.current_stream()
@@ -140,6 +141,7 @@ class SlotDigests:
                 self.graph.capture_begin(capture_error_mode="thread_local")  # other threads' CUDA calls go on
                 try:
                     self._launch()
+                    self.event.record()
                 finally:
                     self.graph.capture_end()
             cur.wait_stream(side)
@@ -174,8 +176,6 @@ class SlotDigests:
         if self.device.index is not None and self.device.index != torch.cuda.current_device():
             with torch.cuda.device(self.device):
                 self.graph.replay()
-                self.event.record()
         else:
             self.graph.replay()
-            self.event.record()
         return out

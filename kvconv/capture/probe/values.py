@@ -672,9 +672,10 @@ class ValueProbe(RecorderOwner):
         copies of the watched caches (a dict name -> copy), whose written slots are then the expected rows."""
         slots = _host(slot_mapping, np.int64)
         reqs = np.zeros(len(slots), np.uint64) if request_ids is None else _host(request_ids, np.uint64)
-        pads = slots < 0 if pad is None else _host(pad, bool)
-        if len(reqs) != len(slots) or len(pads) != len(slots):
-            raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, {len(pads)} pad flags")
+        pads = None if pad is None else _host(pad, bool)  # None: the negative slots
+        if len(reqs) != len(slots) or (pads is not None and len(pads) != len(slots)):
+            raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, "
+                             f"{len(slots) if pads is None else len(pads)} pad flags")
         self._step = st = int(step)
         for name, rows in (expect or {}).items():  # as expect_values (inline: 80 caches a step)
             c = self._by_name.get(name) if isinstance(name, str) else None
@@ -804,13 +805,16 @@ class ValueProbe(RecorderOwner):
             if cols is not None:
                 self._record(step, slots, reqs, *cols, host_ns=ns)
 
-    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray, memo: dict, index: bool = True):
+    def _live(self, c: _Cache, slots: np.ndarray, pads: np.ndarray | None, memo: dict, index: bool = True):
         """Token indices (host) of the step's checked rows in cache ``c`` and their slots (on the cache's device;
         not for the fused path: ``index=False``, None), made once per step for every cache of one size on one
         device."""
         key = c.live_key
         if key not in memo:
-            tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
+            if pads is None:  # a negative slot reads as one past every cache's (one op: before every replay)
+                tok = np.flatnonzero(slots.view(np.uint64) < c.num_slots)
+            else:
+                tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
             if not index:
                 memo[key] = tok, None
             elif c.torch:
