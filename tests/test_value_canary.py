@@ -599,11 +599,11 @@ class _FakeSlotDigests:
         return views
 
 
-def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, graphs: bool = False):
+def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, graphs: bool | str = False):
     """Five steps on host caches, the fused path's host side driven through _FakeDevice (fused=True; ``graphs``:
     the slots by _FakeSlotDigests, one slot's room at first, so that a graph is made again as steps map more) or
-    the numpy path; step 2 raises inside its block (its copies left pending). Returns the records and the fast-path
-    count."""
+    the numpy path; ``graphs="fail"``: making a graph raises); step 2 raises inside its block (its copies left
+    pending). Returns the records and the fast-path count."""
     from kvconv.capture.probe import values
 
     widths = [8, 8, 8, 8] if uniform else [8, 12, 8, 4]
@@ -623,8 +623,13 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, gra
     if fused:
         fake.bufs.graphs, fake.bufs.no_graphs = {}, False
         monkeypatch.setattr(values, "_MIN_SLOTS", 1)
-        vp._fused = (fake.bufs, values._slot_groups(vp.caches), {},
-                     (lambda _dev, groups, caps: _FakeSlotDigests(fake, groups, caps)) if graphs else None)
+
+        def make(_dev, groups, caps):
+            if graphs == "fail":
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return _FakeSlotDigests(fake, groups, caps)
+
+        vp._fused = (fake.bufs, values._slot_groups(vp.caches), {}, make if graphs else None)
     fast = 0
     real = values._columns_from_blocks
 
@@ -674,11 +679,14 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, gra
                 raise RuntimeError("the engine failed")
     vp.close()
     assert vp.fused_steps == (4 if fused else 0)
+    if fused:  # a failed capture: the slots by address from then on (the records below still equal)
+        assert (fake.bufs.no_graphs, bool(fake.bufs.graphs)) == (graphs == "fail", graphs is True)
     with dump.open(vp.recorder.path) as d:
         return d.records("value_digest"), fast
 
 
-@pytest.mark.parametrize("uniform,graphs", [(True, False), (False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("uniform,graphs", [(True, False), (False, False), (True, True), (False, True),
+                                            (True, "fail")])
 def test_fused_host_side_records_equal_the_numpy_path(tmp_path, monkeypatch, uniform, graphs):
     """The fused path's host side (addresses built per group into reused buffers, the layout cache of given rows,
     the records straight from its blocks or per cache; with graphs, the slots by slot graphs made again as a step
@@ -686,7 +694,7 @@ def test_fused_host_side_records_equal_the_numpy_path(tmp_path, monkeypatch, uni
     them pending."""
     _FakeSlotDigests.made = 0
     fused, fast = _fused_host_run(tmp_path, "f", True, monkeypatch, uniform, graphs)
-    if graphs:  # per phase and parity and group: a first graph (one slot's room) and one made as steps map more
+    if graphs is True:  # per phase and parity and group: a first graph (one slot's room) and again as steps map more
         assert _FakeSlotDigests.made > 4
     plain, _ = _fused_host_run(tmp_path, "p", False, monkeypatch, uniform)
     assert fast == (4 if uniform else 0)  # uniform: every step's records from the blocks; else per cache
