@@ -30,15 +30,15 @@ ops, a step's digests are ~40 ops (gathers, a stack, the digest's ~20 elementwis
 +59 % of a 6.3 ms 40-layer decode step on an H200 (bench/value_digest_cost.py; the goal is 5 %). Where every
 watched cache is a torch CUDA tensor on one device with 8-byte aligned slots of a multiple of 8 bytes, a Triton
 kernel (:mod:`kvconv.capture.probe._digest_triton`, imported only then) digests rows in place from their byte
-addresses: before the step the slots (one CUDA graph replay: its kernel reads the slots from pinned memory and adds
-them to the caches' addresses) and the source rows (one launch, addresses computed on the host), after it the
-slots (a replay) and the given rows (a launch), one copy back, which the step does not wait for: the step's
-records are made at the next step, once that step's launches are queued (so that the host's work overlaps the
-device's), or when the recorder closes.
-Its host work is kept small, as what comes before the replay adds to every step: two sets of buffers reused
-across steps in turn (each pinned one written again only once its last copy is done), addresses one numpy op per
-group of caches, the layouts of the rows handed over kept while the same tensors come, records built from the
-digests' blocks with no loop over caches: +4.3 % to +10.3 % of the step on an H200 (docs/CANARY.md). Its
+addresses: before the step the slots (one CUDA graph replay: it copies the slots in from pinned memory and adds
+them to the caches' addresses) and the source rows (one launch, addresses computed on the host), after it the slots
+(a replay) and the given rows (a launch), one copy back, which the step does not wait for: the step's records are
+made at the next step, once that step's launches are queued (so that the host's work overlaps the device's), or when
+the recorder closes. Its host work is kept small, as what comes before the replay adds to every step: the slots by a
+graph replay (not a launch: ~65-95 us of Python in Triton's launcher), two sets of buffers reused across steps in
+turn (each pinned one written again only once its last copy is done), addresses of the rows handed over one numpy op
+per group of caches, their layouts kept while the same tensors come, records built from the digests' blocks with no
+loop over caches: +3.5 % to +5.1 % of the step on an H200, +5.8 % to +9.1 % with launches (docs/CANARY.md). Its
 digests are the same bits, so the records are too; rows it cannot address (on the host, unaligned, not contiguous
 within a row) take the torch path within the same step, and a step with an eager reference takes it whole.
 
