@@ -598,9 +598,9 @@ class ValueProbe(RecorderOwner):
     environment has KVCONV_VALUE_FUSED=0 (read here); False never; True where it applies, an error without triton.
     The records are the same either way; ``fused_steps`` counts the steps it took. ``graphs``: on the fused path,
     the slots' digests before and after the step by one CUDA graph replay each (made at the first step and again
-    when a step maps more slots than it holds; the host reads the slots into pinned memory and the digests out of
-    it), instead of a Triton launch each, whose ~65-95 us of host work before the replay add to every step; False,
-    or KVCONV_VALUE_GRAPHS=0 in the environment: launches.
+    when a step maps more slots than it holds; the host writes the slots into pinned memory and reads the digests
+    out of it), instead of a Triton launch each, whose ~65-95 us of host work before the replay add to every step;
+    False, or KVCONV_VALUE_GRAPHS=0 in the environment: launches.
     """
 
     def __init__(self, out, *, metadata: dict | None = None, context_id: int = 0, device_id: int = 0,
@@ -758,8 +758,9 @@ class ValueProbe(RecorderOwner):
         return self._fused_dev or None
 
     def _fused_before(self, run: _FusedStep, memo: dict, slots: np.ndarray) -> dict:
-        """Before the step: one launch digests the checked slots (unless ``before=False``) and the source rows in
-        place; source rows the kernel cannot address are copied for the torch path (returned as chunks)."""
+        """Before the step: a graph replay (or a launch) digests the checked slots (unless ``before=False``), a
+        launch the source rows in place; source rows the kernel cannot address are copied for the torch path
+        (returned as chunks)."""
         _bufs, groups, layouts, graphs = self._fused
         if self.before and not run.slot_graph("before", groups, memo, slots, graphs):
             _queue_slots(run, "before", groups, memo, slots)
@@ -769,9 +770,9 @@ class ValueProbe(RecorderOwner):
         return {"source": self._rows_words(slow)}
 
     def _fused_after(self, run: _FusedStep, memo: dict, slots: np.ndarray, given: list, chunks: dict) -> bool:
-        """After the step: one launch over the slots and the given rows, the copy back queued. Rows the kernel
-        cannot address go the torch path (into ``chunks``). Returns whether the kernel made every digest of the
-        step (then the records can wait for the next step: :meth:`_flush`)."""
+        """After the step: a graph replay (or a launch) over the slots, a launch over the given rows, the copy back
+        queued. Rows the kernel cannot address go the torch path (into ``chunks``). Returns whether the kernels made
+        every digest of the step (then the records can wait for the next step: :meth:`_flush`)."""
         _bufs, groups, layouts, graphs = self._fused
         if not run.slot_graph("after", groups, memo, slots, graphs):
             _queue_slots(run, "after", groups, memo, slots)
