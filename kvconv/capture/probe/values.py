@@ -38,7 +38,7 @@ the recorder closes. Its host work is kept small, as what comes before the repla
 graph replay (not a launch: ~65-95 us of Python in Triton's launcher), two sets of buffers reused across steps in
 turn (each pinned one written again only once its last copy is done), addresses of the rows handed over one numpy op
 per group of caches, their layouts kept while the same tensors come, records built from the digests' blocks with no
-loop over caches: +3.5 % to +5.1 % of the step on an H200, +5.8 % to +9.1 % with launches (docs/CANARY.md). Its
+loop over caches: +2.3 % to +5.1 % of the step on an H200, +5.0 % to +9.1 % with launches (docs/CANARY.md). Its
 digests are the same bits, so the records are too; rows it cannot address (on the host, unaligned, not contiguous
 within a row) take the torch path within the same step, and a step with an eager reference takes it whole.
 
