@@ -163,10 +163,10 @@ def run_variant(args, torch, name: str) -> dict:
 
 _SECTIONS = ("values._FusedStep.__init__", "values._FusedStep.launch", "values._FusedStep.queue_read",
              "values._FusedStep.blocks", "values._FusedBuffers.get", "values._FusedBuffers.copy",
-             "values._FusedBuffers.mark", "values._queue_slots", "values._queue_rows", "values._columns_from_blocks",
+             "values._FusedBuffers.mark", "values._queue_rows", "values._columns_from_blocks",
              "values.ValueProbe._fused_before", "values.ValueProbe._fused_after", "values.ValueProbe._flush",
              "values.ValueProbe._record", "values.ValueProbe._live", "_digest_triton.digest_addresses",
-             "values._FusedStep.slot_graph", "_digest_triton.SlotDigests.run",
+             "values._FusedStep.slots", "_digest_triton.SlotDigests.run",
              "writer.CanaryRecorder.add_records")
 
 

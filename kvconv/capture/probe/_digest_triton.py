@@ -10,6 +10,8 @@ masked arithmetic ones.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -86,6 +88,13 @@ def _block(words: int) -> int:
     return min(1024, triton.next_power_of_2(max(int(words), 1)))
 
 
+def _on(device):
+    """``device`` made current where it is not (Triton launches and graph replays go to the current device)."""
+    if device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def digest_addresses(addrs, out, words: int) -> None:
     """Queue, on the current stream of ``out``'s device, the digests of the rows at ``addrs`` (int64 byte
     addresses, a CUDA tensor ``[n]``) of ``words`` int64 words each into ``out`` (int64 ``[n]``, same device)."""
@@ -93,13 +102,9 @@ def digest_addresses(addrs, out, words: int) -> None:
     if not n:
         return
     block = _block(words)
-    dev = out.device
     # host-computed: a Python int argument keeps its value whatever width Triton gives it
     args = (addrs, out, int(words), _i64(int(words) * _G))
-    if dev.index is not None and dev.index != torch.cuda.current_device():
-        with torch.cuda.device(dev):  # Triton launches on the current device
-            _digest_kernel[(n,)](*args, BLOCK=block, num_warps=4)
-    else:
+    with _on(out.device):
         _digest_kernel[(n,)](*args, BLOCK=block, num_warps=4)
 
 
@@ -173,9 +178,6 @@ class SlotDigests:
             host[count_at] = k
             host[slots_at:slots_at + k] = s
             out.append(host[out_at:out_at + n_caches * k].reshape(n_caches, k))
-        if self.device.index is not None and self.device.index != torch.cuda.current_device():
-            with torch.cuda.device(self.device):
-                self.graph.replay()
-        else:
+        with _on(self.device):
             self.graph.replay()
         return out

@@ -412,19 +412,20 @@ class _FusedStep:
         self.out = bufs.get(self.digests, capacity)[2]
         self.used, self.parts, self.queued, self.waits = 0, [], {}, []
 
-    def slot_graph(self, tag: str, groups: list, memo: dict, slots: np.ndarray, make) -> bool:
-        """The step's checked slots of every group of caches digested by one graph replay (``make``: the slot
-        graphs' maker, see :meth:`_FusedBuffers.slot_graph`); False where there is none (then by address)."""
-        if make is None:
-            return False
+    def slots(self, tag: str, groups: list, memo: dict, slots: np.ndarray, make) -> None:
+        """The step's checked slots of every group of caches: digested by one graph replay (``make``: the slot
+        graphs' maker, see :meth:`_FusedBuffers.slot_graph`), or where there is none queued by address (``base +
+        slot * slot_bytes``, one numpy op a group) for the phase's :meth:`launch`."""
         toks = [memo[key][0] for key, *_x in groups]
-        graph = self.bufs.slot_graph(tag + self.parity, groups, [len(t) for t in toks], make)
+        graph = None if make is None else self.bufs.slot_graph(tag + self.parity, groups, [len(t) for t in toks],
+                                                               make)
         if graph is None:
-            return False
+            for (_key, sb, cids, bases), tok in zip(groups, toks):
+                self.add(tag, cids, tok, bases, slots[tok] * sb, sb // 8)
+            return
         for (_key, _sb, cids, _b), tok, view in zip(groups, toks, graph.run([slots[t] for t in toks])):
             self.parts.append((tag, cids, tok, view))
         self.waits.append(graph.event)
-        return True
 
     def add(self, tag: str, cids: np.ndarray, tok: np.ndarray, bases: np.ndarray, offs: np.ndarray, words: int):
         self.queued.setdefault(words, []).append((tag, cids, tok, bases, offs))
@@ -485,13 +486,6 @@ def _slot_groups(caches: list[_Cache]) -> list[tuple]:
         groups.setdefault((c.live_key, c.slot_bytes), []).append(c)
     return [(key, sb, np.array([c.cache_id for c in cs], np.int64), np.array([c.base for c in cs], np.int64))
             for (key, sb), cs in groups.items()]
-
-
-def _queue_slots(run: _FusedStep, tag: str, groups: list, memo: dict, slots: np.ndarray) -> None:
-    """Queue the step's checked slots of every cache: address ``base + slot * slot_bytes``, one numpy op a group."""
-    for key, sb, cids, bases in groups:
-        tok = memo[key][0]
-        run.add(tag, cids, tok, bases, slots[tok] * sb, sb // 8)
 
 
 @dataclass(frozen=True)
@@ -762,8 +756,8 @@ class ValueProbe(RecorderOwner):
         launch the source rows in place; source rows the kernel cannot address are copied for the torch path
         (returned as chunks)."""
         _bufs, groups, layouts, graphs = self._fused
-        if self.before and not run.slot_graph("before", groups, memo, slots, graphs):
-            _queue_slots(run, "before", groups, memo, slots)
+        if self.before:
+            run.slots("before", groups, memo, slots, graphs)
         src = [(c, c.source, memo[c.live_key][0]) for c in self._sourced]
         slow = _queue_rows(run, "source", src, layouts) if src else []
         run.launch("before")
@@ -774,8 +768,7 @@ class ValueProbe(RecorderOwner):
         queued. Rows the kernel cannot address go the torch path (into ``chunks``). Returns whether the kernels made
         every digest of the step (then the records can wait for the next step: :meth:`_flush`)."""
         _bufs, groups, layouts, graphs = self._fused
-        if not run.slot_graph("after", groups, memo, slots, graphs):
-            _queue_slots(run, "after", groups, memo, slots)
+        run.slots("after", groups, memo, slots, graphs)
         chunks["given"] = self._rows_words(_queue_rows(run, "given", given, layouts))
         run.launch("after")
         run.queue_read()
@@ -812,10 +805,8 @@ class ValueProbe(RecorderOwner):
         device."""
         key = c.live_key
         if key not in memo:
-            if pads is None:  # a negative slot reads as one past every cache's (one op: before every replay)
-                tok = np.flatnonzero(slots.view(np.uint64) < c.num_slots)
-            else:
-                tok = np.flatnonzero(~pads & (slots >= 0) & (slots < c.num_slots))
+            ok = slots.view(np.uint64) < c.num_slots  # a negative slot reads as one past every cache's
+            tok = np.flatnonzero(ok if pads is None else ok & ~pads)
             if not index:
                 memo[key] = tok, None
             elif c.torch:
