@@ -97,16 +97,25 @@ def _check_drops(g, c: _Collector, offset: int) -> None:
     refused for want of room; while the published and the counted ones fit in the capacity, none can have been
     refused (a full buffer is the only way to drop): they were lost at the producer's end (``lost-at-end``: the
     verdict is incomplete, as for every unfinished dump), not dropped."""
-    over = g.record_count + g.drop_count - g.capacity if g.capacity else g.drop_count
-    if g.live and over <= 0:
+    n = refused_records(g)
+    if g.live and n == 0:
         c.add("warning", "lost-at-end", f"{g.drop_count:,} {g.kind_name} records were not yet in the file when the "
               f"producer ended ({g.record_count:,} published of a capacity of {g.capacity:,}: none refused for want "
               "of room); lost at its end, not dropped", group=g.index, offset=offset, field="header.drop_count")
         return
-    n = min(g.drop_count, over) if g.live else g.drop_count
     more = f" (of {g.drop_count:,} counted lost, the rest at the producer's end)" if n < g.drop_count else ""
     c.add("error", "dropped", f"the producer dropped {n:,} {g.kind_name} records{more} (capacity {g.capacity:,}); "
           "raise the capacity and record again", group=g.index, offset=offset, field="header.drop_count")
+
+
+def refused_records(g) -> int:
+    """Of a group's drop_count, the records its producer refused for want of room (the rest of a live group's count
+    was lost at its end). One rule for validate's ``dropped`` and for reconcile, which blames on the producer's end
+    (``unflushed-blocks``) only the blocks of a group that refused nothing."""
+    if not g.live:
+        return g.drop_count
+    over = g.record_count + g.drop_count - g.capacity if g.capacity else g.drop_count
+    return min(g.drop_count, max(over, 0))
 
 
 HOST_CHUNK = 1 << 16  # host records checked (and their pages given back) at a time: 6 MiB

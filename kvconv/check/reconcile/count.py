@@ -74,10 +74,16 @@ def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, not
 def _unflushed(t: LaunchTable, distinct: np.ndarray, missing: np.ndarray, notes: Notes) -> np.ndarray | None:
     """Of a live dump (its producer died: ``unfinished``), the rows whose missing blocks are the producer's end: the
     launches from the last one with a recorded block on, in host time (the flusher copies device events every
-    KVCONV_FLUSH_MS; those of the last launches before the death never reached the file). None: not a live dump, or
-    no launch misses a block."""
+    KVCONV_FLUSH_MS; those of the last launches before the death never reached the file). None: not a live dump, no
+    launch misses a block, or the device buffer refused events (validate's ``dropped``: the missing blocks are
+    unknowable, errors, and the verdict is the same failed one)."""
+    from kvconv.check.validate_records import refused_records
+
     d, ctx = notes.d, notes.ctx
-    if not any(g.live for g in d.groups_of("device_event", context_id=ctx)) or not missing.any():
+    groups = d.groups_of("device_event", context_id=ctx)
+    if not any(g.live for g in groups) or not missing.any():
+        return None
+    if any(refused_records(g) for g in groups):  # a full buffer refused events: any missing block may be one of them
         return None
     host_ns = t.host_ns
     if host_ns is None:  # a lean table (large streamed report): the host times read back for this rule only
