@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,8 @@ NATIVE = ROOT / "native"
 LIB_NAME = "libkvconv_tracer.so"
 DEFAULT_KERNELS = ("reshape_and_cache_flash_kernel",)
 EVENT_KINDS = ("enter", "exit")
+ENGINES = ("vllm", "sglang")
+_RANGE = re.compile(r"none|profiler|graph|signal|launches:\d+")
 
 
 class TracerError(KvconvError):
@@ -57,6 +60,11 @@ class RecordOptions:
     verbose: int = 0
     force: bool = False  # replace an existing dump at a literal output path (one without %p / %c)
     writes: bool = False  # the write-address canary: KV slots written per block (KVCONV_WRITES=1, docs/CANARY.md)
+    # which target launches are recorded (KVCONV_CAPTURE_RANGE, docs/TRACER.md): None/"none" from start, "profiler",
+    # "graph", "launches:N", "signal"; capture_range_end "stop" (default) or "repeat"
+    capture_range: str | None = None
+    capture_range_end: str | None = None
+    engine: str | None = None  # "vllm" / "sglang": kvconv's engine plugin registers caches and steps (KVCONV_ENGINE)
 
     def __post_init__(self) -> None:
         if not self.kernels or any(not k or "," in k for k in self.kernels):
@@ -65,6 +73,14 @@ class RecordOptions:
         if bad or not self.events:
             raise UsageError(f"--events must be a subset of {', '.join(EVENT_KINDS)}, not {','.join(bad)!r}",
                              code="bad-events")
+        if self.capture_range is not None and not _RANGE.fullmatch(self.capture_range):
+            raise UsageError(f"--capture-range must be none, profiler, graph, launches:N or signal, not "
+                             f"{self.capture_range!r}", code="bad-option")
+        if self.capture_range_end not in (None, "stop", "repeat"):
+            raise UsageError(f"--capture-range-end must be stop or repeat, not {self.capture_range_end!r}",
+                             code="bad-option")
+        if self.engine not in (None, *ENGINES):
+            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}", code="bad-option")
         for name in ("device_capacity", "host_capacity", "clock_sync_ms"):
             v = getattr(self, name)
             if v is not None and v < (0 if name == "clock_sync_ms" else 1):
@@ -152,6 +168,15 @@ def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | N
         env["KVCONV_VERBOSE"] = str(options.verbose)
     if options.writes:
         env["KVCONV_WRITES"] = "1"
+    if options.capture_range is not None:
+        env["KVCONV_CAPTURE_RANGE"] = options.capture_range
+    if options.capture_range_end is not None:
+        env["KVCONV_CAPTURE_RANGE_END"] = options.capture_range_end
+    if options.engine is not None:
+        env["KVCONV_ENGINE"] = options.engine
+    # a literal output belongs to the first traced process of this run (native/src/config.cpp); one inherited from
+    # an outer traced process would make this run's first process write a .pid<N> name
+    env.pop("KVCONV_OUTPUT_OWNER", None)
     if "exit" in options.events:
         cupti = env.get("KVCONV_CUPTI_LIB") or find_cupti()
         if cupti:  # the calibration's untraced reference (native/src/calib_cupti.cpp); without it: raw durations only
@@ -172,6 +197,17 @@ def find_cupti() -> str | None:
         if hits:
             return hits[0]
     return None
+
+
+def output_globs(output: str) -> list[str]:
+    """The globs that find every file an output can produce: the pattern itself and, for a literal path, the
+    ``<stem>.pid<N><ext>`` names of the processes other than the first (native/src/config.cpp)."""
+    first = output_glob(output)
+    if first != glob.escape(output):
+        return [first]
+    folder, name = os.path.split(output)
+    stem, ext = os.path.splitext(name) if not name.startswith(".") else (name, "")
+    return [first, os.path.join(glob.escape(folder), glob.escape(stem) + ".pid[0-9]*" + glob.escape(ext))]
 
 
 def output_glob(output: str) -> str:
@@ -212,8 +248,8 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
     check_output(options.output, force=options.force)
     lib = find_library(build=options.build)
     env = tracer_env(options, lib=lib)
-    pattern = output_glob(options.output)
-    before = {p: os.stat(p).st_mtime_ns for p in glob.glob(pattern)}
+    patterns = output_globs(options.output)
+    before = {p: os.stat(p).st_mtime_ns for pat in patterns for p in glob.glob(pat)}
     start = time.time_ns()
     try:
         proc = subprocess.Popen(cmd, env=env)
@@ -229,15 +265,51 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    dumps = sorted(p for p in glob.glob(pattern)
-                   if ".tmp." not in p and (p not in before or os.stat(p).st_mtime_ns != before[p])
-                   and os.stat(p).st_mtime_ns >= start - 2_000_000_000)
+    dumps = sorted({p for pat in patterns for p in glob.glob(pat)
+                    if ".tmp." not in p and (p not in before or os.stat(p).st_mtime_ns != before[p])
+                    and os.stat(p).st_mtime_ns >= start - 2_000_000_000})
+    _wait_for_writers(dumps)
     # killed by signal N (Popen says -N): 128+N, as shells and nsys give (a raw -6 would exit 250)
     res = RecordResult(returncode=rc if rc >= 0 else 128 - rc, dumps=dumps)
     if options.validate:
         for p in dumps:
             res.reports.append(validate_dump(p))
     return res
+
+
+def process_of(path: str) -> dict:
+    """The traced process a dump came from, from its metadata: pid, ppid, command (a list), written_at ("live" while
+    the process runs or after it was killed). Empty when the metadata cannot be read."""
+    from kvconv.format import dump
+
+    try:
+        with dump.open(path) as d:
+            meta = d.metadata() or {}
+    except (KvconvError, OSError, ValueError):
+        return {}
+    run = meta.get("run", meta)
+    return {k: run.get(k, meta.get(k)) for k in ("pid", "ppid", "command", "written_at")}
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _wait_for_writers(dumps: list[str], *, timeout_s: float | None = None) -> None:
+    """An engine's children can outlive the command record started (they end at their own pace after it returned):
+    wait, up to ``KVCONV_RECORD_WAIT_S`` seconds (10), for each dump still live whose process still runs."""
+    limit = float(os.environ.get("KVCONV_RECORD_WAIT_S", "10")) if timeout_s is None else timeout_s
+    deadline = time.monotonic() + limit
+    for p in dumps:
+        while time.monotonic() < deadline:
+            proc = process_of(p)
+            if proc.get("written_at") != "live" or not _alive(proc.get("pid")):
+                break
+            time.sleep(0.1)
 
 
 @dataclass

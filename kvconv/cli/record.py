@@ -39,13 +39,31 @@ def record(
     force: bool = FORCE,
     writes: bool = typer.Option(False, "--writes", help="also record the KV slots each block of the target kernels "
                                 "writes (the write-address canary: kvconv canary --writes; docs/CANARY.md)"),
+    capture_range: str | None = typer.Option(
+        None, "--capture-range", metavar="WHEN",
+        help="record only from: profiler (cudaProfilerStart to cudaProfilerStop), graph (the first replay of a graph "
+             "holding a target kernel: an engine's eager warm-up left out), launches:N (after N target launches), "
+             "signal (SIGUSR1 starts, SIGUSR2 stops); default none: from start (docs/TRACER.md)"),
+    capture_range_end: str | None = typer.Option(
+        None, "--capture-range-end", metavar="stop|repeat",
+        help="at a range's end: stop recording for good (default) or repeat at the next start"),
+    engine: str | None = typer.Option(
+        None, "--engine", metavar="vllm|sglang",
+        help="load kvconv's plugin in the engine's processes: it registers the KV caches and each step's slots, so "
+             "--writes is judged against the engine's own mapping (docs/CANARY.md)"),
 ) -> None:
     """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
-    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else the worst dump's
-    verdict (1 failed, 4 nothing checked: e.g. no kernel matched -k, 5 incomplete) or 1 when none was written, else 0.
+    Every CUDA process of the command writes its own dump: with a path without %p the first one writes it and every
+    other (an engine's scheduler or worker) writes <stem>.pid<N><ext> beside it. Each is reported with its process.
+
+    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else the worst verdict
+    over the processes that ran a target kernel (1 failed, 5 incomplete), 4 (nothing checked) when none did (e.g. no
+    kernel matched -k), 1 when no dump was written, else 0.
 
     Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
+
+    Example: kvconv record -k store_kvcache --capture-range graph -o run.kvdump -- python3 serve.py
     """
     from kvconv.capture.record import RecordOptions
     from kvconv.capture.record import record as run_record
@@ -58,29 +76,49 @@ def record(
     opts = RecordOptions(kernels=tuple(kernel) if kernel else RecordOptions.kernels, output=output,
                          device_capacity=device_capacity, host_capacity=host_capacity,
                          events=tuple(e.strip() for e in events.split(",") if e.strip()), clock_sync_ms=clock_sync_ms,
-                         build=not no_build, validate=not no_validate, verbose=verbose, force=force, writes=writes)
+                         build=not no_build, validate=not no_validate, verbose=verbose, force=force, writes=writes,
+                         capture_range=capture_range, capture_range_end=capture_range_end, engine=engine)
     res = run_record(cmd, options=opts)
     if not res.dumps:
         err(f"Error: the command wrote no dump matching {output} (did it use CUDA and a target kernel?)")
         raise typer.Exit(res.returncode or 1)
-    bad = 0
-    for i, p in enumerate(res.dumps):
-        rep = res.reports[i] if i < len(res.reports) else None
-        if rep is None:
-            sys.stdout.write(f"{p}: written (not validated)\n")
-            continue
-        from kvconv.check.verdict import line
-        from kvconv.names import demangle_text
+    exits = [_report_dump(p, res.reports[i] if i < len(res.reports) else None) for i, p in enumerate(res.dumps)]
+    raise typer.Exit(res.returncode or set_exit(exits))
 
-        incidents = getattr(rep, "incidents", None)  # findings of one cause on one line, as kvconv validate
-        for text in ([line(i) for i in incidents] if incidents is not None
-                     else [f.line() for f in rep.findings if f.severity != "info"]):
-            sys.stdout.write(demangle_text(text) + "\n")  # kernel names demangled, as kvconv validate's text
-        # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
-        v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
-        sys.stdout.write(f"{p}: {_VERDICT_WORD.get(v, v)}\n")
-        bad = max(bad, getattr(rep, "exit_code", 0 if rep.valid else 1))
-    raise typer.Exit(res.returncode or bad)
+
+def set_exit(exits: list[int | None]) -> int:
+    """One run's exit status over its processes' dumps: the worst over those that ran a target kernel; a process that
+    ran none (an engine's front end, a helper: exit 4 alone) does not make a traced run "nothing checked"."""
+    known = [e for e in exits if e is not None]
+    ran = [e for e in known if e != 4]
+    return max(ran) if ran else max(known, default=0)
+
+
+def _report_dump(p: str, rep) -> int | None:
+    """Print one process's dump: its incidents, then path, process and verdict. Returns its exit status (None: not
+    validated)."""
+    from kvconv.capture.record import process_of
+
+    proc = process_of(p)
+    who = ""
+    if proc.get("pid") is not None:
+        cmd = " ".join(str(a) for a in (proc.get("command") or []))
+        who = f" (pid {proc['pid']}, parent {proc.get('ppid', '?')}: {cmd[:80]}{'...' if len(cmd) > 80 else ''})"
+    if rep is None:
+        sys.stdout.write(f"{p}{who}: written (not validated)\n")
+        return None
+    from kvconv.check.verdict import line
+    from kvconv.names import demangle_text
+
+    incidents = getattr(rep, "incidents", None)  # findings of one cause on one line, as kvconv validate
+    for text in ([line(i) for i in incidents] if incidents is not None
+                 else [f.line() for f in rep.findings if f.severity != "info"]):
+        sys.stdout.write(demangle_text(text) + "\n")  # kernel names demangled, as kvconv validate's text
+    # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
+    v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
+    word = _VERDICT_WORD.get(v, v) if v != "nothing-checked" else "NOTHING CHECKED (no target kernel ran here)"
+    sys.stdout.write(f"{p}{who}: {word}\n")
+    return getattr(rep, "exit_code", 0 if rep.valid else 1)
 
 
 _VERDICT_WORD = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED", "incomplete": "INCOMPLETE",

@@ -2,7 +2,11 @@
 #include <dlfcn.h>
 #include <time.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -98,7 +102,8 @@ void load_config() {
   g_cfg.patterns = split(k && *k ? k : "reshape_and_cache_flash_kernel", ',');
   for (auto& p : g_cfg.patterns) g_cfg.module_tokens.push_back(module_token(p));
   if (const char* o = getenv("KVCONV_OUTPUT"); o && *o) g_cfg.output = o;
-  g_cfg.dev_cap = env_u64("KVCONV_DEVICE_CAPACITY", g_cfg.dev_cap);
+  g_cfg.dev_cap = env_u64("KVCONV_DEVICE_CAPACITY", 0);
+  g_cfg.dev_cap_set = g_cfg.dev_cap != 0;
   g_cfg.host_cap = env_u64("KVCONV_HOST_CAPACITY", g_cfg.host_cap);
   load_events(getenv("KVCONV_EVENTS"));
   g_cfg.sync_ms = static_cast<int>(env_u64("KVCONV_CLOCK_SYNC_MS", 0));
@@ -114,6 +119,7 @@ void load_config() {
   }
   g_cfg.verbose = static_cast<int>(env_u64("KVCONV_VERBOSE", 0));
   g_cfg.calibrate = env_u64("KVCONV_CALIBRATE", 1) != 0;
+  g_cfg.python_exit_hook = env_u64("KVCONV_PYTHON_EXIT_HOOK", 1) != 0;
   if (const char* ss = getenv("KVCONV_SYNC_STREAM"); ss && *ss) {
     if (!strcmp(ss, "own") || !strcmp(ss, "blocking") || !strcmp(ss, "legacy") || !strcmp(ss, "perthread") ||
         !strcmp(ss, "nolaunch"))
@@ -130,5 +136,57 @@ void load_config() {
 }
 
 bool per_context_files() { return g_cfg.output.find("%c") != std::string::npos; }
+
+// The device buffer when KVCONV_DEVICE_CAPACITY is not set: an engine's warm-up alone can launch its KV write for
+// millions of blocks, so take 2 GiB of events (33,554,432) where the GPU has 64 GiB or more, 512 MiB from 16 GiB,
+// else 64 MiB (1,048,576 events, the old default). The dump file reserves as much (a sparse hole until written).
+uint64_t default_device_capacity(int device) {
+  size_t total = 0;
+  if (!g_drv.deviceTotalMem || g_drv.deviceTotalMem(&total, static_cast<CUdevice>(device)) != CUDA_SUCCESS) total = 0;
+  const uint64_t gib = 1ull << 30, ev = sizeof(kvconv_device_event_t);
+  if (total >= 64 * gib) return 2 * gib / ev;
+  if (total >= 16 * gib) return gib / 2 / ev;
+  return 1048576;
+}
+
+// A literal output path (no %p, %c) is the first traced process's: it exports KVCONV_OUTPUT_OWNER=its pid, which the
+// processes it starts inherit. Any other process (a child: an engine's scheduler or worker; or a sibling that finds a
+// running process's live dump there) writes <stem>.pid<N><ext> beside it, so that no process replaces another's
+// dump. kvconv record finds both forms.
+static bool live_dump_of_running_process(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char buf[16384];
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* live = static_cast<const char*>(memmem(buf, n, "\"written_at\":\"live\"", 19));
+  const char* pid = static_cast<const char*>(memmem(buf, n, "\"pid\":", 6));
+  if (!live || !pid) return false;
+  const long p = strtol(pid + 6, nullptr, 10);
+  return p > 0 && p != static_cast<long>(getpid()) && (kill(static_cast<pid_t>(p), 0) == 0 || errno == EPERM);
+}
+
+static std::string with_pid(const std::string& out) {
+  const size_t slash = out.rfind('/');
+  size_t dot = out.rfind('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) dot = out.size();
+  return out.substr(0, dot) + ".pid%p" + out.substr(dot);
+}
+
+void claim_output() {
+  if (g_cfg.output.find("%p") != std::string::npos || per_context_files()) return;
+  const std::string me = std::to_string(getpid());
+  const char* owner = getenv("KVCONV_OUTPUT_OWNER");
+  if ((owner && *owner && me != owner) || live_dump_of_running_process(g_cfg.output)) {
+    g_cfg.output_owner = owner && *owner ? owner : "";
+    logf(0, "process %s: %s is another process's dump; this one writes %s", me.c_str(), g_cfg.output.c_str(),
+         kvconv::expand_path(with_pid(g_cfg.output), getpid(), 0).c_str());
+    g_cfg.output = with_pid(g_cfg.output);
+    return;
+  }
+  g_cfg.output_owner = me;
+  setenv("KVCONV_OUTPUT_OWNER", me.c_str(), 1);
+}
 
 }  // namespace kvtr

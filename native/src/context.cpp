@@ -22,6 +22,11 @@ static const uint64_t kSyncCap = 1 << 16;     // clock-sync pairs (18 hours at o
 // Reserve the context's groups in the dump file (its own file with %c). Failure leaves the context traced with
 // groups that are not valid(): it is still written at a clean end, only not kept on disk while running.
 static void reserve_live(Ctx* c) {
+  if (!g_cfg.dev_cap) {
+    g_cfg.dev_cap = default_device_capacity(c->device);
+    logf(1, "device buffer: %llu events (KVCONV_DEVICE_CAPACITY unset; by device %d's memory)",
+         (unsigned long long)g_cfg.dev_cap, c->device);
+  }
   kvconv::LiveFile* f = g_process_file;
   if (per_context_files()) {
     f = new kvconv::LiveFile();  // lives as long as the process: the mapping is the buffer

@@ -242,6 +242,7 @@ void finish_device(Ctx* c, bool synchronize) {
   if (c->dev_state_read) {
     c->dev_next = st.next;
     c->dev_drops = st.drops;
+    c->dev_drops_graph = st.drops_graph;
     c->dev_lost_unwritten = reserved > published ? reserved - published : 0;
     c->live.device_event.set_drops(c->dev_drops + c->dev_lost_unwritten);
   }

@@ -36,6 +36,7 @@ void load_driver() {
   sym(h, g_drv.memAlloc, "cuMemAlloc_v2");
   sym(h, g_drv.memcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   sym(h, g_drv.memsetD8Async, "cuMemsetD8Async");
+  sym(h, g_drv.deviceTotalMem, "cuDeviceTotalMem_v2");
 
   g_drv.ok = g_drv.ctxPush && g_drv.ctxPop && g_drv.ctxSync && g_drv.moduleLoad && g_drv.moduleGetFunction &&
              g_drv.streamCreate && g_drv.memHostAlloc && g_drv.memHostGetDevicePointer && g_drv.launchKernel;

@@ -16,12 +16,18 @@ static void write_config(kvconv::JsonWriter& j) {
 
 static void write_run(kvconv::JsonWriter& j) {
   j.strings("command", g_cmdline);
-  j.kv("pid", g_pid).kv("hostname", g_hostname).kv("started_at", g_started_at).kv("reconstructed", false);
+  j.kv("pid", g_pid).kv("ppid", static_cast<long>(getppid()));
+  if (!g_cfg.output_owner.empty()) j.kv("output_owner_pid", g_cfg.output_owner);
+  j.kv("hostname", g_hostname).kv("started_at", g_started_at).kv("reconstructed", false);
 }
 
 static void write_settings(kvconv::JsonWriter& j) {
   j.strings("target_kernels", g_cfg.patterns);
-  j.kv("device_events_capacity", g_cfg.dev_cap).kv("host_table_capacity", g_cfg.host_cap);
+  if (g_cfg.dev_cap) j.kv("device_events_capacity", g_cfg.dev_cap);
+  j.kv("host_table_capacity", g_cfg.host_cap);
+  // a full device buffer keeps what it holds and counts every later block as dropped (no ring: a capture range
+  // is how to keep the steady state; docs/TRACER.md)
+  j.kv("device_buffer_policy", "keep-oldest");
   std::vector<std::string> kinds;
   if (g_cfg.enter) kinds.push_back("block_enter");
   if (g_cfg.exit) kinds.push_back("block_exit");
@@ -52,7 +58,7 @@ std::string live_metadata_json() {
 }
 
 struct Totals {
-  uint64_t dev_drops = 0, gdrops = 0, edrops = 0, launches = 0, uploads = 0, patched = 0, late = 0, fdata = 0;
+  uint64_t dev_drops = 0, dev_drops_graph = 0, needed = 0, overflow = 0, gdrops = 0, edrops = 0, launches = 0, uploads = 0, patched = 0, late = 0, fdata = 0;
   uint64_t unwritten = 0, capfilt = 0, ldata = 0, syncfail = 0, unreadable = 0;
   uint64_t learned = 0, per_node = 0, learn_fail = 0, relearned = 0, from_table = 0, cells = 0, stream_syncs = 0;
 };
@@ -61,6 +67,9 @@ static Totals totals(const std::vector<Ctx*>& cs) {
   Totals t;
   for (auto* c : cs) {
     t.dev_drops += c->dev_state_read ? c->dev_drops : c->live.device_event.drops();
+    t.dev_drops_graph += c->dev_drops_graph;
+    t.overflow += c->dev_state_read ? c->dev_drops : 0;
+    t.needed += c->dev_next;
     t.gdrops += c->live.graph_node.drops();
     t.edrops += c->live.eager_launch.drops();
     t.launches += c->target_launches.load();
@@ -88,6 +97,10 @@ static void write_counters(kvconv::JsonWriter& j, const Totals& t) {
   j.key("counters").begin_object();
   j.kv("fatal_count", 0).kv("device_event_drops", t.dev_drops).kv("graph_node_table_drops", t.gdrops);
   j.kv("eager_table_drops", t.edrops).kv("sanitizer_errors", g_sanitizer_errors.load());
+  // device events dropped for a full buffer, by launch kind; needed: what a buffer holding every block would take
+  j.kv("device_event_drops_overflow_graph", t.dev_drops_graph);
+  j.kv("device_event_drops_overflow_eager", t.overflow >= t.dev_drops_graph ? t.overflow - t.dev_drops_graph : 0);
+  j.kv("device_events_needed", t.needed);
   j.kv("target_launches", t.launches).kv("graph_uploads_filtered", t.uploads);
   j.kv("captured_launches_filtered", t.capfilt).kv("modules_patched", t.patched);
   j.kv("late_patched_modules", t.late).kv("functions_given_data", t.fdata).kv("launch_data_set", t.ldata);
@@ -135,6 +148,7 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   write_run(j);
   j.kv("written_at", reason);
   write_settings(j);
+  write_capture(j);
   write_counters(j, totals(cs));
   // the kernels of every loaded module (bounded: patching.cpp), for a pattern that matched nothing
   const LoadedKernels lk = loaded_kernels();
@@ -144,6 +158,7 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   for (Ctx* c : cs) {
     j.begin_object().kv("context_id", c->index).kv("device_id", c->device);
     j.kv("device_events", c->live.device_event.count()).kv("device_slots_reserved", c->dev_next);
+    j.kv("device_events_capacity", g_cfg.dev_cap);
     j.kv("graph_node_records", c->live.graph_node.count()).kv("eager_launch_records", c->live.eager_launch.count());
     j.kv("clock_sync_pairs", static_cast<uint64_t>(c->syncs.size()));
     write_calibration(j, c);

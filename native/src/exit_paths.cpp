@@ -7,6 +7,7 @@
 //     GPU wrote and wait for it (at most 0.5 s), then let the signal take its course;
 //   - os._exit, SIGKILL, the OOM killer: nothing runs; the file holds everything up to the last flush, and each
 //     group's drop_count counts what may be missing (launched blocks whose events are not in the file).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -135,6 +137,58 @@ void on_context_destroy(CUcontext ctx) {
 
 static void at_exit() { finalize_all("process-exit", false); }
 
+// ------------------------------------------------------------------ os._exit in a Python process
+// Python's multiprocessing ends a forked child with os._exit (vLLM's engine core, after its SIGTERM shutdown): no
+// atexit, no context teardown, so the dump stayed live ("the producer did not finish"). In a Python process the
+// tracer wraps os._exit: the dump is finished first, then the original runs. The wrapper is installed from a thread
+// of the tracer's once it holds the GIL (the injection runs inside cuInit, often under the GIL).
+// KVCONV_PYTHON_EXIT_HOOK=0 leaves os._exit alone.
+extern "C" __attribute__((visibility("default"))) void kvconv_tracer_finish(const char* reason) {
+  finalize_all(reason && *reason ? reason : "os-exit", false);
+}
+
+static void python_exit_hook() {
+  using IntFn = int (*)();
+  using EnsureFn = int (*)();
+  using ReleaseFn = void (*)(int);
+  using RunFn = void* (*)(const char*, int, void*, void*);
+  using DictFn = void* (*)();
+  using DecFn = void (*)(void*);
+  using ClearFn = void (*)();
+  auto initialized = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  auto ensure = reinterpret_cast<EnsureFn>(dlsym(RTLD_DEFAULT, "PyGILState_Ensure"));
+  auto release = reinterpret_cast<ReleaseFn>(dlsym(RTLD_DEFAULT, "PyGILState_Release"));
+  auto run = reinterpret_cast<RunFn>(dlsym(RTLD_DEFAULT, "PyRun_String"));
+  auto dict = reinterpret_cast<DictFn>(dlsym(RTLD_DEFAULT, "PyDict_New"));
+  auto dec = reinterpret_cast<DecFn>(dlsym(RTLD_DEFAULT, "Py_DecRef"));
+  auto clear = reinterpret_cast<ClearFn>(dlsym(RTLD_DEFAULT, "PyErr_Clear"));
+  if (!initialized || !ensure || !release || !run || !dict || !dec || !clear || !initialized()) return;
+  char code[1024];
+  snprintf(code, sizeof code,
+           "import os, ctypes\n"
+           "_finish = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(%llu)\n"
+           "_exit = os._exit\n"
+           "def kvconv_exit(code, _exit=_exit, _finish=_finish):\n"
+           "    try:\n"
+           "        _finish(b'os-exit')\n"
+           "    except BaseException:\n"
+           "        pass\n"
+           "    _exit(code)\n"
+           "kvconv_exit.__wrapped__ = _exit\n"
+           "os._exit = kvconv_exit\n",
+           static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(&kvconv_tracer_finish)));
+  std::thread([=] {
+    const int st = ensure();
+    void* globals = dict();
+    void* r = globals ? run(code, 257 /* Py_file_input */, globals, globals) : nullptr;
+    if (!r) clear();
+    else dec(r);
+    if (globals) dec(globals);
+    release(st);
+    logf(r ? 1 : 0, r ? "os._exit wrapped: the dump is finished before it" : "warning: could not wrap os._exit");
+  }).detach();
+}
+
 // ------------------------------------------------------------------ SIGTERM / SIGINT
 // The handler only writes the signal number to a pipe; a watcher thread writes the dump (outside any lock the
 // interrupted thread may hold), then re-raises the signal with its default action.
@@ -187,6 +241,7 @@ static void crash_handler(int sig, siginfo_t* si, void* uc) {
 
 void install_exit_paths() {
   atexit(at_exit);
+  if (g_cfg.python_exit_hook) python_exit_hook();
   if (pipe(g_sig_pipe) == 0) {
     struct sigaction sa;
     std::memset(&sa, 0, sizeof sa);

@@ -39,6 +39,7 @@ struct Exec {
   Sanitizer_StreamHandle last_stream = nullptr;
   std::vector<kvconv_host_launch_t> targets;  // learned records of the target nodes, in launch order
   std::vector<uint32_t> slots;                // their node-table slots
+  uint64_t blocks = 0;                        // of the target nodes, in all (the capture range's count)
 };
 
 std::mutex g_gmu;  // the execs and every context's node table / next_cell
@@ -127,6 +128,8 @@ void finish_learning(CUgraphExec x, Exec& e) {
   }
   e.mode = Mode::kFast;
   e.table_pending = !e.slots.empty();
+  e.blocks = 0;
+  for (const auto& r : e.targets) e.blocks += static_cast<uint64_t>(r.grid_x) * r.grid_y * r.grid_z;
   c->execs_learned.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -134,7 +137,10 @@ void finish_learning(CUgraphExec x, Exec& e) {
 void fast_replay(Exec& e, const Sanitizer_GraphLaunchData* d) {
   Ctx* c = e.c;
   if (e.targets.empty()) return;
+  const bool admitted = range_admit_replay(e.targets.size(), e.blocks);
   const uint64_t tag = e.launch_id & KVCONV_TAG_MASK;  // 0 once in 2^20 replays: the cell then says "no tag"
+  // Outside the capture range the cell says so (KVCONV_CELL_OFF): the patch records nothing for these nodes.
+  const uint64_t cell = admitted ? tag : KVCONV_CELL_OFF;
   bool tagged = false;
   if (g_cfg.tag && c->cells_dev && e.cell) {
     order_after_previous(e, d->hStream);
@@ -144,12 +150,16 @@ void fast_replay(Exec& e, const Sanitizer_GraphLaunchData* d) {
         ok &= to_device(c->table_dev + slot * sizeof(kvconv_node_entry), &c->node_table[slot],
                         sizeof(kvconv_node_entry), d->hStream);
     e.table_pending = false;
-    ok = ok && to_device(c->cells_dev + e.cell * sizeof(uint64_t), &tag, sizeof tag, d->hStream);
+    ok = ok && to_device(c->cells_dev + e.cell * sizeof(uint64_t), &cell, sizeof cell, d->hStream);
     e.cell_dirty = true;
     if (ok) c->tag_cells_written.fetch_add(1, std::memory_order_relaxed);
     else e.mode = Mode::kLearn;  // a copy failed: this replay's records say no tag; learned again next launch
     tagged = ok && tag;
+  } else if (!admitted) {
+    logf(0, "warning: graph exec replay outside the capture range without a tag cell (KVCONV_TAG=0?): its device "
+            "events are recorded, its host records are not");
   }
+  if (!admitted) return;
   const uint64_t now = now_ns();
   for (kvconv_host_launch_t r : e.targets) {
     r.launch_id = e.launch_id;

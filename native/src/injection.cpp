@@ -52,12 +52,25 @@ static bool stream_capturing(CUstream s) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+static uint64_t blocks_of(const Sanitizer_LaunchData& ld) {
+  return static_cast<uint64_t>(ld.gridDim_x) * ld.gridDim_y * ld.gridDim_z;
+}
+
+// A target launch outside the capture range: its blocks must not record (per-launch data NULL: the patch returns).
+static void silence(Ctx* c, const Sanitizer_LaunchData& ld) {
+  if (c->state_dev) SAN(sanitizerSetLaunchCallbackData(ld.hLaunch, ld.function, ld.hStream, nullptr));
+}
+
 static void on_launch(const Sanitizer_LaunchData* ld) {
   Ctx* c = get_ctx(ld->context);
   uint32_t slot = classify(c, ld->function, ld->functionName, ld->module, true);
   if (!slot) return;
   if (stream_capturing(ld->apiStream ? ld->apiStream : ld->stream)) {
     c->captured_launches_filtered.fetch_add(1);  // becomes a graph node; recorded when a replay runs it
+    return;
+  }
+  if (!range_admit(false, blocks_of(*ld))) {
+    silence(c, *ld);
     return;
   }
   c->target_launches.fetch_add(1, std::memory_order_relaxed);
@@ -77,13 +90,13 @@ static void on_graph_node(const Sanitizer_GraphNodeLaunchData* nd) {
     c->uploads_filtered.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  c->target_launches.fetch_add(1, std::memory_order_relaxed);
   kvconv_host_launch_t r = host_record(ld, slot);
   r.graph_exec = reinterpret_cast<uint64_t>(nd->graphExec);
   r.launch_id = nd->launchId;
   r.node = reinterpret_cast<uint64_t>(nd->node);
   r.flags = KVCONV_LAUNCH_FLAGS_GRAPH_NODE;
-  if (g_cfg.tag && c->state_dev) {
+  const bool admitted = range_admit(true, blocks_of(ld));
+  if (admitted && g_cfg.tag && c->state_dev) {
     const uint64_t tag = static_cast<uint64_t>(nd->launchId) & KVCONV_TAG_MASK;
     if (tag && SAN(sanitizerSetLaunchCallbackData(ld.hLaunch, ld.function, ld.hStream,
                                                   reinterpret_cast<void*>(encode(c, slot, tag))))) {
@@ -92,8 +105,23 @@ static void on_graph_node(const Sanitizer_GraphNodeLaunchData* nd) {
       c->launch_data_set.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  append_graph_node(c, r);
-  if (role == NodeRole::kLearn) graph_node_learned(nd, r);
+  if (admitted) {
+    c->target_launches.fetch_add(1, std::memory_order_relaxed);
+    append_graph_node(c, r);
+  } else {
+    silence(c, ld);
+  }
+  if (role == NodeRole::kLearn) graph_node_learned(nd, r);  // learned in or out of range: later replays need it
+}
+
+// cuProfilerStart / cuProfilerStop (cudaProfilerStart/Stop): the capture range's edges with KVCONV_CAPTURE_RANGE=
+// profiler. Every other driver API callback enabled is a change to a graph exec (graph_exec.cpp).
+static void on_driver_api(Sanitizer_CallbackId cbid, const Sanitizer_CallbackData* d) {
+  if (cbid == SANITIZER_CBID_DRIVER_API_cuProfilerStart || cbid == SANITIZER_CBID_DRIVER_API_cuProfilerStop) {
+    if (d->callbackSite == SANITIZER_API_ENTER) range_on_profiler(cbid == SANITIZER_CBID_DRIVER_API_cuProfilerStart);
+    return;
+  }
+  on_graph_exec_api(d);
 }
 
 static void on_resource(Sanitizer_CallbackId cbid, const void* cbdata) {
@@ -144,7 +172,7 @@ static void SANITIZERAPI callback(void*, Sanitizer_CallbackDomain domain, Saniti
         break;
     }
   } else if (domain == SANITIZER_CB_DOMAIN_DRIVER_API) {
-    on_graph_exec_api(static_cast<const Sanitizer_CallbackData*>(cbdata));
+    on_driver_api(cbid, static_cast<const Sanitizer_CallbackData*>(cbdata));
   }
 }
 
@@ -192,6 +220,9 @@ static bool enable_callbacks() {
   ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_LAUNCH, SANITIZER_CBID_LAUNCH_BEGIN));
   // graph nodes: the launch of a graph, its exec's creation and changes; node callbacks only while learning
   if (g_cfg.graph_callbacks) ok &= enable_graph_callbacks(g_sub);
+  if (capture_by_profiler())
+    for (auto id : {SANITIZER_CBID_DRIVER_API_cuProfilerStart, SANITIZER_CBID_DRIVER_API_cuProfilerStop})
+      ok &= SAN(sanitizerEnableCallback(1, g_sub, SANITIZER_CB_DOMAIN_DRIVER_API, id));
   return ok;
 }
 
@@ -212,6 +243,8 @@ static bool create_process_file() {
 static int initialize() {
   load_config();
   g_pid = static_cast<long>(getpid());
+  claim_output();
+  if (!load_capture_range()) return 1;
   const std::string first = kvconv::expand_path(g_cfg.output, g_pid, 0);
   std::string why = kvconv::check_writable(first);
   if (!why.empty()) {

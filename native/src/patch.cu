@@ -39,6 +39,7 @@ static __device__ __forceinline__ unsigned long long kv_node_tag(const kvconv_de
     if (k == gid) {
       const unsigned long long v = __ldcg(reinterpret_cast<const unsigned long long*>(__ldcg(&st->cells)) +
                                           __ldcg(&e->cell));
+      if (v & KVCONV_CELL_OFF) return KVCONV_TAG_OFF;
       return v ? (v & KVCONV_TAG_MASK) : fallback;
     }
     if (k == 0) break;
@@ -57,6 +58,10 @@ static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata,
   const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);
   kvconv_dev_state* st = reinterpret_cast<kvconv_dev_state*>(u & KVCONV_STATE_MASK);
   const unsigned int slot = static_cast<unsigned int>(u >> KVCONV_SLOT_SHIFT);
+  // The tag first: a replay outside the capture range records nothing (KVCONV_TAG_OFF), not even a drop.
+  const unsigned long long gid = kv_gridid();
+  const unsigned long long tag = kv_node_tag(st, gid, u & KVCONV_TAG_MASK);
+  if (tag == KVCONV_TAG_OFF) return SANITIZER_PATCH_SUCCESS;
   const unsigned long long seq = atomicAdd(&st->next, 1ull);
   // The timer right after the sequence number: events in sequence order then differ in time by no more than the
   // atomic's latency (validate's timer-backwards tolerance). Read after the node-table lookup it lagged by up to
@@ -64,10 +69,9 @@ static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata,
   const unsigned long long now = kv_globaltimer();
   if (seq >= st->capacity) {
     atomicAdd(&st->drops, 1ull);
+    if (tag) atomicAdd(&st->drops_graph, 1ull);  // graph nodes carry a replay tag; eager launches tag 0
     return SANITIZER_PATCH_SUCCESS;
   }
-  const unsigned long long gid = kv_gridid();
-  const unsigned long long tag = kv_node_tag(st, gid, u & KVCONV_TAG_MASK);
   kvconv_device_event_t* ev = reinterpret_cast<kvconv_device_event_t*>(st->events) + seq;
   kvconv_device_event_t e;
   e.globaltimer = now;

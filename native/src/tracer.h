@@ -27,6 +27,7 @@
 #include <sanitizer.h>
 
 #include "dump_writer.h"
+#include "json_writer.h"
 #include "kvconv_records.h"
 #include "live_file.h"
 #include "tracer_shared.h"
@@ -44,7 +45,8 @@ struct Config {
   std::vector<std::string> patterns;
   std::vector<std::string> module_tokens;  // identifier runs of the patterns, searched in cubin bytes
   std::string output = "kvconv-%p.kvdump";
-  uint64_t dev_cap = 1048576;
+  uint64_t dev_cap = 0;          // KVCONV_DEVICE_CAPACITY; 0: by the GPU's memory (default_device_capacity)
+  bool dev_cap_set = false;
   uint64_t host_cap = 65536;
   bool enter = true, exit = false;
   int sync_ms = 0;  // periodic pairs off by default: see KVCONV_CLOCK_SYNC_MS in docs/TRACER.md (issue 31)
@@ -58,11 +60,15 @@ struct Config {
   bool calibrate = true;         // KVCONV_CALIBRATE=0: no start-up calibration of the enter/exit bias
   std::string sync_stream = "legacy";  // KVCONV_SYNC_STREAM: where clock-sync pairs and calibration launch (issue 31)
   std::string patch_file, clocksync_file, calib_cupti_file;
+  std::string output_owner;      // with a literal output: the pid whose output it is (KVCONV_OUTPUT_OWNER)
+  bool python_exit_hook = true;  // KVCONV_PYTHON_EXIT_HOOK=0: leave os._exit alone (exit_paths.cpp)
 };
 extern Config g_cfg;
 void load_config();
 void logf(int level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 bool per_context_files();
+void claim_output();                     // a literal output path: this process's own name (config.cpp)
+uint64_t default_device_capacity(int device);
 
 // ------------------------------------------------------------------ driver.cpp
 struct Drv {
@@ -86,6 +92,7 @@ struct Drv {
   CUresult (*memAlloc)(CUdeviceptr*, size_t) = nullptr;  // calibration only (calibrate.cpp)
   CUresult (*memcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
   CUresult (*memsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*deviceTotalMem)(size_t*, CUdevice) = nullptr;
 };
 extern Drv g_drv;
 void load_driver();
@@ -190,7 +197,7 @@ struct Ctx {
   // end state (at teardown / exit)
   bool alive = true;
   bool finished = false;
-  uint64_t dev_next = 0, dev_drops = 0, dev_lost_unwritten = 0;
+  uint64_t dev_next = 0, dev_drops = 0, dev_drops_graph = 0, dev_lost_unwritten = 0;
   bool dev_state_read = false;
 };
 
@@ -277,6 +284,15 @@ void kick_sync();
 std::string live_metadata_json();
 bool write_finished(const std::string& path, const std::vector<Ctx*>& cs, const char* reason);
 void write_all(const char* reason);
+
+// ------------------------------------------------------------------ capture_range.cpp
+bool load_capture_range();  // false: a bad KVCONV_CAPTURE_RANGE(_END) (tracing off)
+bool capture_by_profiler();
+bool in_range();
+bool range_admit(bool graph_node, uint64_t blocks);    // a target launch: recorded?
+bool range_admit_replay(uint64_t nodes, uint64_t blocks);  // a learned exec's replay: recorded?
+void range_on_profiler(bool start);
+void write_capture(kvconv::JsonWriter& j);
 
 // ------------------------------------------------------------------ exit_paths.cpp
 void finalize_all(const char* reason, bool from_signal);

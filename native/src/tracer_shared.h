@@ -32,7 +32,13 @@ struct kvconv_dev_state {
   unsigned long long table_mask;
   unsigned long long cells;     // device address of the graph execs' tag cells (unsigned long long each)
   unsigned long long writes;    // device address of kvconv_writes_state (writes_shared.h); 0: write recording off
+  unsigned long long drops_graph;  // of `drops`, the blocks of graph nodes (a replay tag): eager = drops - drops_graph
 };
+
+// A tag cell holding this bit: the exec's replay runs outside the capture range (capture_range.cpp). The patch then
+// records nothing for its target nodes (no event, no slot write), as the host records nothing for them.
+#define KVCONV_CELL_OFF (1ull << 63)
+#define KVCONV_TAG_OFF (~0ull)  // what the patch's tag lookup returns for such a node
 
 // One target graph node: its %gridid and the index of its exec's tag cell.
 struct kvconv_node_entry {

@@ -44,6 +44,7 @@ static __device__ __forceinline__ unsigned long long kv_store_tag(const kvconv_d
       // A plain load: the cell is written before the replay's kernels start and L1 holds nothing across a kernel
       // boundary; the block's later stores then find it in L1 (an L2 round trip per store was most of the cost).
       const unsigned long long v = reinterpret_cast<const unsigned long long*>(st->cells)[e.y];
+      if (v & KVCONV_CELL_OFF) return KVCONV_TAG_OFF;  // a replay outside the capture range
       return v ? (v & KVCONV_TAG_MASK) : fallback;
     }
     if (e.x == 0) break;
@@ -149,6 +150,7 @@ static __device__ __noinline__ void kv_store(void* userdata, void* ptr, uint32_t
   const unsigned long long a = reinterpret_cast<unsigned long long>(ptr);
   const unsigned long long gid = kv_gridid();
   const unsigned long long tag = kv_store_tag(st, gid, u & KVCONV_TAG_MASK);
+  if (tag == KVCONV_TAG_OFF) return;
   const kvconv_dev_cache* c = kv_find_cache(ws, a);
   const unsigned long long where = kv_where(c, a);
   const unsigned int cache_id = c ? c->cache_id : KVCONV_NO_CACHE;
