@@ -162,3 +162,38 @@ def test_record_writes_sets_the_tracer_switch(tmp_path):
     assert tracer_env(RecordOptions(writes=True), lib="x.so", base={})["KVCONV_WRITES"] == "1"
     assert "KVCONV_WRITES" not in tracer_env(RecordOptions(), lib="x.so", base={})
     assert "--writes" in run_cli("record", "--help").stdout
+
+
+def _unregistered(src, path, *, steps: bool):
+    """``src`` as `kvconv record --writes` leaves it with no cache registered (issue 39): no cache group, every store
+    a granule outside every cache; ``steps``: the probe's steps and slot maps kept (the probe ran, without caches)."""
+    drop = {"cache"} | (set() if steps else {"write_step", "slot_map"})
+    with dump.open(src) as d, dump.new(path) as w:
+        for g in (g for g in d.groups if g.kind_name not in drop):
+            payload = bytes(g.payload_bytes())
+            if g.kind_name == "slot_write":
+                sw = np.frombuffer(payload, layout.DTYPES["slot_write"]).copy()
+                sw["flags"] |= layout.ENUMS["slot_write_flags"]["outside"]
+                payload = sw.tobytes()
+            w.write_raw_group(g.kind, payload, record_count=g.record_count, capacity=g.capacity,
+                              drop_count=g.drop_count, context_id=g.context_id, device_id=g.device_id,
+                              clock_domain=g.clock_domain)
+    return path
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["no-probe", "probe-without-caches"])
+def test_unregistered_writes_are_nothing_checked_not_invalid(tmp_path, steps):
+    """Was: 'INVALID (104 errors)', writes-outside-cache: no cache is registered, while nothing was checked."""
+    p = _unregistered(FIXTURES / "writes-clean" / "writes-clean.kvdump", tmp_path / "u.kvdump", steps=steps)
+    c = run_cli("canary", "--writes", p)
+    assert c.returncode == 4, c.stdout + c.stderr
+    assert "writes-outside-cache" not in c.stdout and "NOTHING CHECKED" in c.stdout
+    hint = next(ln for ln in c.stdout.splitlines() if "writes-no-cache" in ln)
+    assert "104 slot-write records but no cache is registered" in hint and "--engine vllm" in hint, hint
+    assert "WriteProbe.register_cache" in hint and "docs/CANARY.md" in hint, hint
+    j = json.loads(run_cli("canary", "--writes", "--json", p).stdout)["dumps"][0]["result"]
+    assert j["verdict"] == "nothing-checked" and j["summary"]["records"] == 0
+    v = json.loads(run_cli("validate", "--json", p).stdout)  # reconcile and the rest judge as before: clean
+    res = v["dumps"][0]["result"]
+    assert v["exit"] == 0 and res["verdict"] == "ok" and res["errors"] == 0, res["findings"]
+    assert run_cli("report", p, "-o", tmp_path / "r.html").returncode == 0

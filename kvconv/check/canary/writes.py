@@ -14,6 +14,7 @@ its step through the host record's ``host_ns`` inside the step's ``[begin_ns, en
 - a write outside every registered cache (PADDING_SLOT_ID = -1 written through lands just before a cache):
   ``writes-outside-cache``, with the address range and where it lies relative to the nearest cache;
 - one slot of one cache written by two blocks in one step: ``writes-slot-conflict``;
+- slot writes of a context with no registered cache: not checked, ``writes-no-cache`` (a warning; nothing checked);
 - from the probe's mapping alone (no slot_write record needed), a step mapping a slot that a request still running
   holds to another request: ``writes-live-overwrite`` (:mod:`kvconv.check.canary.ownership`).
 
@@ -108,7 +109,9 @@ def check(d, *, path: str | None = None) -> WritesResult:
     tot = defaultdict(int)
     for ctx, _dev in d.contexts():
         w = wj.join(d, ctx)
-        if w is not None:
+        if w is not None and not len(w.caches):
+            _no_cache(d, ctx, w, fs)
+        elif w is not None:
             _check_context(d, ctx, w, fs, tot, res)
     own = ownership.check(d, fs.report)
     res.findings = fs.all()
@@ -126,6 +129,16 @@ def check(d, *, path: str | None = None) -> WritesResult:
                    "errors": sum(f.count for f in res.findings if f.severity == "error"),
                    "warnings": sum(f.count for f in res.findings if f.severity == "warning")}
     return res
+
+
+def _no_cache(d, ctx, w: wj.WriteJoin, fs: _Findings) -> None:
+    """A context whose slot writes have no registered cache to be judged against (issue 39: every store was
+    'outside every registered cache'): its records are not checked, so they count for nothing, not for a fault. The
+    probe's slot ownership (``writes-live-overwrite``) needs no cache and still runs."""
+    fs.report("writes-no-cache", f"context {ctx}: {counted(len(w.records), 'slot-write record')} but no cache is "
+              "registered: nothing to judge them against, not checked (register the caches: `kvconv record --writes "
+              "--engine vllm` loads kvconv's vLLM plugin, or WriteProbe.register_cache; docs/CANARY.md)",
+              group=d.groups.index(w.group), severity="warning")
 
 
 def _check_context(d, ctx, w: wj.WriteJoin, fs: _Findings, tot, res) -> None:
