@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from test_record import WRITER, fake_lib  # noqa: F401 - fake_lib is a fixture used by the tests below
 
 from conftest import run_cli
 from kvconv.capture import record
 from kvconv.cli.record import set_exit
 from kvconv.format.errors import UsageError
-from test_record import WRITER, fake_lib  # noqa: F401 - fake_lib is a fixture used by the tests below
 
 # The front end: an empty dump (the tracer's when no target kernel ran), then a child (the engine's scheduler) that
 # writes the target records under the .pid name, as the tracer does for a process that is not the output's owner.

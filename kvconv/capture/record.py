@@ -92,6 +92,7 @@ class RecordResult:
     returncode: int  # the command's exit status; 128+N when signal N killed it
     dumps: list[str] = field(default_factory=list)
     reports: list = field(default_factory=list)  # kvconv.check.validate.Report per dump (when validated)
+    sealed: list = field(default_factory=list)  # dumps a killed process left live with nothing pending, now finished
 
     @property
     def valid(self) -> bool:
@@ -269,8 +270,11 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
                     if ".tmp." not in p and (p not in before or os.stat(p).st_mtime_ns != before[p])
                     and os.stat(p).st_mtime_ns >= start - 2_000_000_000})
     _wait_for_writers(dumps)
+    from kvconv.capture.seal import seal
+
+    sealed = [p for p in dumps if seal(p) == "sealed"]  # an engine's SIGKILLed child (kvconv.capture.seal)
     # killed by signal N (Popen says -N): 128+N, as shells and nsys give (a raw -6 would exit 250)
-    res = RecordResult(returncode=rc if rc >= 0 else 128 - rc, dumps=dumps)
+    res = RecordResult(returncode=rc if rc >= 0 else 128 - rc, dumps=dumps, sealed=sealed)
     if options.validate:
         for p in dumps:
             res.reports.append(validate_dump(p))

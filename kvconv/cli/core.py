@@ -65,6 +65,9 @@ def _info_text(path: str, info: dict, rep=None) -> str:
     if meta:
         keys = ("tool", "tool_version", "gpu", "driver", "model", "engine")
         lines.append("metadata: " + ", ".join(f"{k}={meta[k]}" for k in keys if k in meta))
+        from kvconv.format.info import run_lines
+
+        lines.extend(run_lines(meta))
         if isinstance(meta.get("counters"), dict):
             lines.append("counters: " + ", ".join(f"{k}={v!r}" for k, v in sorted(meta["counters"].items())))
     if info.get("metadata_error"):

@@ -82,6 +82,9 @@ def record(
     if not res.dumps:
         err(f"Error: the command wrote no dump matching {output} (did it use CUDA and a target kernel?)")
         raise typer.Exit(res.returncode or 1)
+    for p in res.sealed:
+        sys.stdout.write(f"{p}: sealed: its process was killed after every record it launched was in the file "
+                         "(no end record: kvconv.capture.seal)\n")
     exits = [_report_dump(p, res.reports[i] if i < len(res.reports) else None) for i, p in enumerate(res.dumps)]
     raise typer.Exit(res.returncode or set_exit(exits))
 

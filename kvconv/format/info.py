@@ -88,3 +88,38 @@ def describe(d, *, progress=None) -> dict:
         out["metadata_error"] = meta_error
     return out
 
+
+
+def run_lines(meta: dict) -> list[str]:
+    """The traced process and the capture range of a tracer dump's metadata, as ``kvconv info`` prints them (an
+    engine's run is several processes: each dump names its own; the range says what was left out on purpose, which
+    the checks count neither as missing nor as dropped).
+
+    >>> run_lines({"pid": 7, "ppid": 1, "command": ["python3", "serve.py"],
+    ...            "capture": {"range": "graph", "ranges": [{"start": "first graph replay",
+    ...                        "target_launches_before": 2400}], "out_of_range": {"eager_launches": 2400,
+    ...                        "graph_node_launches": 0, "graph_replays": 0, "blocks": 1228800}}})[1][:89]
+    'capture range: graph (first graph replay after 2,400 target launches, open at the end); '
+    """
+    lines = []
+    if meta.get("pid") is not None:
+        cmd = " ".join(str(a) for a in meta.get("command") or [])
+        parent = f", parent {meta['ppid']}" if meta.get("ppid") is not None else ""
+        lines.append(f"process: pid {meta['pid']}{parent}" + (f": {cmd}" if cmd else ""))
+    cap = meta.get("capture")
+    if isinstance(cap, dict) and cap.get("range", "none") != "none":
+        spans = []
+        for r in cap.get("ranges") or []:
+            end = f" to {r['stop']}" if r.get("stop") else ", open at the end"
+            before = int(r.get("target_launches_before", 0))
+            spans.append(f"{r.get('start', '?')} after {before:,} target launches{end}")
+        out = cap.get("out_of_range")
+        if out is None:  # a live dump's metadata, written at start: the process did not finish its dump
+            lines.append(f"capture range: {cap['range']} (its ranges are written when the dump is finished; this "
+                         "process did not finish it)")
+            return lines
+        lines.append(f"capture range: {cap['range']} (" + ("; ".join(spans) or "never opened") + "); out of range: "
+                     f"{int(out.get('eager_launches', 0)):,} eager launches, "
+                     f"{int(out.get('graph_node_launches', 0)):,} graph-node launches "
+                     f"({int(out.get('graph_replays', 0)):,} replays), {int(out.get('blocks', 0)):,} blocks")
+    return lines

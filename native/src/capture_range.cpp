@@ -184,11 +184,16 @@ void range_on_profiler(bool start) {
   else close_range("cuProfilerStop");
 }
 
-void write_capture(kvconv::JsonWriter& j) {
+void write_capture(kvconv::JsonWriter& j, bool live) {
   std::lock_guard<std::mutex> lk(g_rmu);
   j.key("capture").begin_object().kv("range", start_name());
   if (g_start == Start::kLaunches) j.kv("after_launches", g_after);
-  j.kv("range_end", g_repeat ? "repeat" : "stop").kv("open_at_end", g_open.load());
+  j.kv("range_end", g_repeat ? "repeat" : "stop");
+  if (live) {  // the live file's metadata is written at start: the ranges and counts come with the finished dump
+    j.end_object();
+    return;
+  }
+  j.kv("open_at_end", g_open.load());
   j.kv("target_launches_seen", g_seen.load());
   j.key("out_of_range").begin_object().kv("eager_launches", g_skipped_eager.load());
   j.kv("graph_node_launches", g_skipped_nodes.load()).kv("graph_replays", g_skipped_replays.load());

@@ -52,6 +52,7 @@ std::string live_metadata_json() {
   write_run(j);
   j.kv("written_at", "live");
   write_settings(j);
+  write_capture(j, true);
   j.key("live").begin_object().kv("flush_ms", g_cfg.flush_ms).end_object();
   j.end_object();
   return j.str();
@@ -148,7 +149,7 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   write_run(j);
   j.kv("written_at", reason);
   write_settings(j);
-  write_capture(j);
+  write_capture(j, false);
   write_counters(j, totals(cs));
   // the kernels of every loaded module (bounded: patching.cpp), for a pattern that matched nothing
   const LoadedKernels lk = loaded_kernels();

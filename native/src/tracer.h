@@ -292,7 +292,7 @@ bool in_range();
 bool range_admit(bool graph_node, uint64_t blocks);    // a target launch: recorded?
 bool range_admit_replay(uint64_t nodes, uint64_t blocks);  // a learned exec's replay: recorded?
 void range_on_profiler(bool start);
-void write_capture(kvconv::JsonWriter& j);
+void write_capture(kvconv::JsonWriter& j, bool live);  // live: the settings only
 
 // ------------------------------------------------------------------ exit_paths.cpp
 void finalize_all(const char* reason, bool from_signal);

@@ -10,7 +10,7 @@ Checks its own work: after the run every layer's cache must hold exactly prefill
 keep their poison pattern). Prints one JSON line with the predicted launch counts and block counts.
 
     python3 native/workloads/kv_decode.py --streams 1 --json out.json
-    CUDA_INJECTION64_PATH=native/build/libkvconv_tracer.so KVCONV_OUTPUT=run.kvdump python3 native/workloads/kv_decode.py
+    kvconv record -o run.kvdump -- python3 native/workloads/kv_decode.py
 
 Work sizes (--work): tiny (hidden 256), light (hidden 5120: one 5120x5120 matmul + the K/V projection per layer),
 qwen14b (Qwen3-14B decode-layer matmuls: qkv 5120x7168, o 5120x5120, gate_up 5120x34816, down 17408x5120).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -217,6 +218,14 @@ def main(argv=None) -> int:
     ap.add_argument("--num-blocks", type=int, default=8)
     ap.add_argument("--json", help="write the summary here too")
     ap.add_argument("--sleep-after", type=float, default=0.0, help="sleep this long before exiting (signal tests)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="eager forwards of the prompt before the prefill, as an engine's memory profiling and "
+                         "warm-up (they rewrite the prefill's slots); the capture-range tests leave them out")
+    ap.add_argument("--profiler-range", action="store_true",
+                    help="torch.cuda.profiler.start() before the replays and stop() after them (cudaProfilerStart/"
+                         "Stop: kvconv record --capture-range profiler)")
+    ap.add_argument("--signal-range", action="store_true",
+                    help="SIGUSR1 to itself before the replays, SIGUSR2 after (kvconv record --capture-range signal)")
     args = ap.parse_args(argv)
 
     import torch
@@ -229,9 +238,11 @@ def main(argv=None) -> int:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(7)
 
-    # eager prefill: one forward over the prompt, slots 0..prefill-1
+    # eager prefill: one forward over the prompt, slots 0..prefill-1 (after the warm-up's forwards, if any)
     x = torch.randn(args.prefill, H, device=dev, dtype=torch.bfloat16, generator=gen)
     slots = torch.arange(args.prefill, device=dev, dtype=torch.int64)
+    for _ in range(args.warmup):
+        model.forward(x, slots)
     model.forward(x, slots)
     torch.cuda.synchronize()
 
@@ -244,6 +255,8 @@ def main(argv=None) -> int:
         out = model.forward(tok, slot, streams=extra)
     torch.cuda.synchronize()
     expected = {
+        "warmup_launches": args.layers * args.warmup,
+        "warmup_blocks": args.layers * args.warmup * args.prefill,
         "eager_launches": args.layers,
         "eager_blocks": args.layers * args.prefill,
         "graph_nodes_per_replay": args.layers,
@@ -251,7 +264,19 @@ def main(argv=None) -> int:
         "graph_blocks": args.layers * args.replays,
         "device_events": args.layers * args.prefill + args.layers * args.replays,
     }
+    if args.profiler_range:
+        torch.cuda.profiler.start()
+    if args.signal_range:  # the tracer's signal thread opens the range; give it a moment to see the signal
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.2)
     step_ms = timed_replays(graph, slot, tok, args, gen)
+    if args.profiler_range:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    if args.signal_range:
+        torch.cuda.synchronize()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.2)
     if END_HOOK is not None:  # die.py os-exit-now: the end comes right after the last target launch
         print(json.dumps({"workload": "kv_decode", "expected": expected, "ended_by": "END_HOOK"}), flush=True)
         END_HOOK()
