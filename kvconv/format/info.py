@@ -98,7 +98,7 @@ def run_lines(meta: dict) -> list[str]:
     >>> run_lines({"pid": 7, "ppid": 1, "command": ["python3", "serve.py"],
     ...            "capture": {"range": "graph", "ranges": [{"start": "first graph replay",
     ...                        "target_launches_before": 2400}], "out_of_range": {"eager_launches": 2400,
-    ...                        "graph_node_launches": 0, "graph_replays": 0, "blocks": 1228800}}})[1][:89]
+    ...                        "graph_node_launches": 0, "graph_replays": 0, "blocks": 1228800}}})[1][:88]
     'capture range: graph (first graph replay after 2,400 target launches, open at the end); '
     """
     lines = []
