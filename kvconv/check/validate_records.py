@@ -105,7 +105,26 @@ def _check_drops(g, c: _Collector, offset: int) -> None:
         return
     more = f" (of {g.drop_count:,} counted lost, the rest at the producer's end)" if n < g.drop_count else ""
     c.add("error", "dropped", f"the producer dropped {n:,} {g.kind_name} records{more} (capacity {g.capacity:,}); "
-          "raise the capacity and record again", group=g.index, offset=offset, field="header.drop_count")
+          + _room_hint(g, n), group=g.index, offset=offset, field="header.drop_count")
+
+
+# kvconv record's option for each table's capacity (docs/TRACER.md)
+_CAPACITY_OPTION = {"device_event": "--device-capacity", "graph_node": "--host-capacity",
+                    "eager_launch": "--host-capacity"}
+
+
+def _room_hint(g, refused: int) -> str:
+    """What to do about a full table: the capacity that holds every record, and, for device events, the capture
+    range that leaves an engine's eager warm-up out of the buffer."""
+    need = g.capacity + refused
+    opt = _CAPACITY_OPTION.get(g.kind_name)
+    if opt is None:
+        return "raise the capacity and record again"
+    hint = f"all of them take a capacity of {need:,}: kvconv record {opt} {need}"
+    if g.kind_name == "device_event":
+        hint += (f" ({need * g.record_size / 2**20:,.0f} MiB of device memory), or keep only the steady state: "
+                 "--capture-range graph (from the first graph replay) or profiler")
+    return hint
 
 
 def refused_records(g) -> int:
