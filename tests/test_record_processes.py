@@ -85,9 +85,14 @@ def test_capture_range_and_engine_reach_the_tracer(monkeypatch):
     assert env["KVCONV_ENGINE"] == "vllm" and "KVCONV_OUTPUT_OWNER" not in env
     plain = record.tracer_env(record.RecordOptions(), lib="/x/lib.so")
     assert not {"KVCONV_CAPTURE_RANGE", "KVCONV_CAPTURE_RANGE_END", "KVCONV_ENGINE"} & set(plain)
+    nv = record.tracer_env(record.RecordOptions(capture_range="nvtx:decode step"), lib="/x/lib.so")
+    assert nv["NVTX_INJECTION64_PATH"] == "/x/lib.so" and nv["KVCONV_CAPTURE_RANGE"] == "nvtx:decode step"
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    with pytest.raises(UsageError, match="NVTX_INJECTION64_PATH"):
+        record.tracer_env(record.RecordOptions(capture_range="nvtx:decode"), lib="/x/lib.so")
 
 
-@pytest.mark.parametrize("kw", [{"capture_range": "launches:"}, {"capture_range": "nvtx"},
+@pytest.mark.parametrize("kw", [{"capture_range": "launches:"}, {"capture_range": "nvtx"}, {"capture_range": "nvtx:"},
                                 {"capture_range_end": "never"}, {"engine": "trt"}])
 def test_bad_range_or_engine_refused(kw):
     with pytest.raises(UsageError):

@@ -32,7 +32,7 @@ LIB_NAME = "libkvconv_tracer.so"
 DEFAULT_KERNELS = ("reshape_and_cache_flash_kernel",)
 EVENT_KINDS = ("enter", "exit")
 ENGINES = ("vllm", "sglang")
-_RANGE = re.compile(r"none|profiler|graph|signal|launches:\d+")
+_RANGE = re.compile(r"none|profiler|graph|signal|launches:\d+|nvtx:.+")
 
 
 class TracerError(KvconvError):
@@ -61,7 +61,7 @@ class RecordOptions:
     force: bool = False  # replace an existing dump at a literal output path (one without %p / %c)
     writes: bool = False  # the write-address canary: KV slots written per block (KVCONV_WRITES=1, docs/CANARY.md)
     # which target launches are recorded (KVCONV_CAPTURE_RANGE, docs/TRACER.md): None/"none" from start, "profiler",
-    # "graph", "launches:N", "signal"; capture_range_end "stop" (default) or "repeat"
+    # "graph", "launches:N", "signal", "nvtx:NAME"; capture_range_end "stop" (default) or "repeat"
     capture_range: str | None = None
     capture_range_end: str | None = None
     engine: str | None = None  # "vllm" / "sglang": kvconv's engine plugin registers caches and steps (KVCONV_ENGINE)
@@ -74,7 +74,7 @@ class RecordOptions:
             raise UsageError(f"--events must be a subset of {', '.join(EVENT_KINDS)}, not {','.join(bad)!r}",
                              code="bad-events")
         if self.capture_range is not None and not _RANGE.fullmatch(self.capture_range):
-            raise UsageError(f"--capture-range must be none, profiler, graph, launches:N or signal, not "
+            raise UsageError(f"--capture-range must be none, profiler, graph, launches:N, signal or nvtx:NAME, not "
                              f"{self.capture_range!r}", code="bad-option")
         if self.capture_range_end not in (None, "stop", "repeat"):
             raise UsageError(f"--capture-range-end must be stop or repeat, not {self.capture_range_end!r}",
@@ -171,6 +171,13 @@ def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | N
         env["KVCONV_WRITES"] = "1"
     if options.capture_range is not None:
         env["KVCONV_CAPTURE_RANGE"] = options.capture_range
+    if (options.capture_range or "").startswith("nvtx:"):  # the tracer is also the NVTX injection (nvtx_range.cpp)
+        other = env.get("NVTX_INJECTION64_PATH")
+        if other and other != str(lib):
+            raise UsageError(f"--capture-range {options.capture_range} needs NVTX_INJECTION64_PATH, which is already "
+                             f"set to {other}", code="bad-option",
+                             hint="unset NVTX_INJECTION64_PATH (another tool's NVTX injection: nsys?)")
+        env["NVTX_INJECTION64_PATH"] = str(lib)
     if options.capture_range_end is not None:
         env["KVCONV_CAPTURE_RANGE_END"] = options.capture_range_end
     if options.engine is not None:

@@ -43,7 +43,8 @@ def record(
         None, "--capture-range", metavar="WHEN",
         help="record only from: profiler (cudaProfilerStart to cudaProfilerStop), graph (the first replay of a graph "
              "holding a target kernel: an engine's eager warm-up left out), launches:N (after N target launches), "
-             "signal (SIGUSR1 starts, SIGUSR2 stops); default none: from start (docs/TRACER.md)"),
+             "signal (SIGUSR1 starts, SIGUSR2 stops), nvtx:NAME (while an NVTX range named NAME is open); default "
+             "none: from start (docs/TRACER.md)"),
     capture_range_end: str | None = typer.Option(
         None, "--capture-range-end", metavar="stop|repeat",
         help="at a range's end: stop recording for good (default) or repeat at the next start"),

@@ -28,7 +28,7 @@ namespace kvtr {
 
 namespace {
 
-enum class Start { kNone, kProfiler, kGraph, kLaunches, kSignal };
+enum class Start { kNone, kProfiler, kGraph, kLaunches, kSignal, kNvtx };
 
 struct Range {
   uint64_t start_ns = 0, stop_ns = 0;  // CLOCK_MONOTONIC; stop 0: still open at the end
@@ -38,6 +38,7 @@ struct Range {
 
 Start g_start = Start::kNone;
 uint64_t g_after = 0;  // launches:N
+std::string g_nvtx_name;  // nvtx:NAME
 bool g_repeat = false;
 std::atomic<bool> g_open{true};
 std::atomic<bool> g_done{false};  // stop mode: a range ended, nothing opens again
@@ -54,6 +55,7 @@ const char* start_name() {
     case Start::kGraph: return "graph";
     case Start::kLaunches: return "launches";
     case Start::kSignal: return "signal";
+    case Start::kNvtx: return "nvtx";
   }
   return "?";
 }
@@ -120,14 +122,17 @@ void install_range_signals() {
 
 }  // namespace
 
-bool load_capture_range() {
+static bool parse_capture_range() {
   const char* v = getenv("KVCONV_CAPTURE_RANGE");
   const std::string s = v ? v : "";
   if (s.empty() || s == "none") g_start = Start::kNone;
   else if (s == "profiler") g_start = Start::kProfiler;
   else if (s == "graph") g_start = Start::kGraph;
   else if (s == "signal") g_start = Start::kSignal;
-  else if (s.rfind("launches:", 0) == 0) {
+  else if (s.rfind("nvtx:", 0) == 0 && s.size() > 5) {
+    g_nvtx_name = s.substr(5);
+    g_start = Start::kNvtx;
+  } else if (s.rfind("launches:", 0) == 0) {
     char* end = nullptr;
     g_after = strtoull(s.c_str() + 9, &end, 10);
     if (end == s.c_str() + 9 || *end) {
@@ -136,7 +141,8 @@ bool load_capture_range() {
     }
     g_start = Start::kLaunches;
   } else {
-    logf(0, "error: KVCONV_CAPTURE_RANGE=%s is not none, profiler, graph, launches:N or signal", s.c_str());
+    logf(0, "error: KVCONV_CAPTURE_RANGE=%s is not none, profiler, graph, launches:N, signal or nvtx:NAME",
+         s.c_str());
     return false;
   }
   const char* e = getenv("KVCONV_CAPTURE_RANGE_END");
@@ -149,6 +155,22 @@ bool load_capture_range() {
   if (g_open.load()) g_ranges.push_back(Range{now_ns(), 0, "start", "", 0});
   if (g_start == Start::kSignal) install_range_signals();
   return true;
+}
+
+// Once per process, from whichever comes first: the CUDA injection or the NVTX one (nvtx_range.cpp).
+bool load_capture_range() {
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] { ok = parse_capture_range(); });
+  return ok;
+}
+
+const char* nvtx_range_name() { return g_start == Start::kNvtx ? g_nvtx_name.c_str() : nullptr; }
+
+void nvtx_range_edge(bool open, const char* name) {
+  const std::string why = std::string("NVTX range ") + (name ? name : "?");
+  if (open) open_range(why.c_str());
+  else close_range(why.c_str());
 }
 
 bool capture_by_profiler() { return g_start == Start::kProfiler; }
@@ -188,6 +210,7 @@ void write_capture(kvconv::JsonWriter& j, bool live) {
   std::lock_guard<std::mutex> lk(g_rmu);
   j.key("capture").begin_object().kv("range", start_name());
   if (g_start == Start::kLaunches) j.kv("after_launches", g_after);
+  if (g_start == Start::kNvtx) j.kv("nvtx_range", g_nvtx_name);
   j.kv("range_end", g_repeat ? "repeat" : "stop");
   if (live) {  // the live file's metadata is written at start: the ranges and counts come with the finished dump
     j.end_object();

@@ -292,6 +292,8 @@ bool in_range();
 bool range_admit(bool graph_node, uint64_t blocks);    // a target launch: recorded?
 bool range_admit_replay(uint64_t nodes, uint64_t blocks);  // a learned exec's replay: recorded?
 void range_on_profiler(bool start);
+const char* nvtx_range_name();                      // NAME of nvtx:NAME, else NULL
+void nvtx_range_edge(bool open, const char* name);  // nvtx_range.cpp: a NAME range began / ended
 void write_capture(kvconv::JsonWriter& j, bool live);  // live: the settings only
 
 // ------------------------------------------------------------------ exit_paths.cpp
