@@ -298,8 +298,17 @@ def _session_run(tmp_path, monkeypatch, *, wrong: bool):
 
 
 def test_session_values_of_the_flash_attention_layout_are_clean(tmp_path, monkeypatch):
+    from kvconv.format import dump
+
     r = _session_run(tmp_path, monkeypatch, wrong=False)
     assert r.returncode == 0, r.stdout
+    with dump.open(tmp_path / "p.kvdump") as d:
+        meta = d.metadata()
+        caches = d.records("cache")
+    assert (meta["runner"], meta["mapping"], meta["block_size"], meta["request_ids"]) == ("v2", "host", 4, {"1": "r1"})
+    # one cache per layer, a slot = heads * 2 * head_size bf16 (K and V of a head side by side)
+    assert [c["name"].rstrip(b"\0").decode() for c in caches] == ["L0.kv", "L1.kv"]
+    assert caches["slot_bytes"].tolist() == [2 * 2 * 4 * 2] * 2 and caches["page_size"].tolist() == [4, 4]
 
 
 def test_session_finds_a_wrong_value_in_the_right_slot(tmp_path, monkeypatch):
@@ -331,3 +340,61 @@ def test_session_error_stops_the_probe_not_the_engine(tmp_path, monkeypatch, cap
     with dump.open(tmp_path / "p.kvdump") as d:
         assert d.metadata()["plugin_errors"] == ["handing over the K/V rows: RuntimeError: K (1, 8), V (1, 8): "
                                                  "[tokens, heads, head_size] expected"]
+
+
+def test_plant_harness_arms_in_any_python_process_only_when_asked():
+    armed = _python("pass", {"KVCONV_PLANT": "skip-layer", "PYTHONPATH": PLANTS})
+    assert armed.returncode == 0 and "kvconv plant skip-layer: armed in process" in armed.stderr
+    wrong = _python("pass", {"KVCONV_PLANT": "off-by-two", "PYTHONPATH": PLANTS})
+    assert wrong.returncode == 0 and "unknown plant (one of slot-off-by-one, stale-block" in wrong.stderr
+    quiet = _python("import sys; print('kvconv.capture.engines._hooks' in sys.modules)", {"PYTHONPATH": PLANTS})
+    assert quiet.returncode == 0 and quiet.stdout == "False\n" and quiet.stderr == ""
+
+
+# ---- on vLLM's own modules where vLLM is installed (no GPU needed; skipped without vllm) ----
+
+def test_patches_reach_vllms_classes():
+    pytest.importorskip("vllm")
+    code = """
+        from kvconv.capture.engines import vllm as plugin
+        plugin.register()
+        import vllm.v1.worker.gpu.block_table as bt, vllm.v1.worker.gpu.model_runner as mr
+        import vllm.v1.attention.backends.flash_attn as fa
+        runner = [getattr(mr.GPUModelRunner, n) for n in ("initialize_kv_cache", "prepare_attn", "execute_model",
+                                                         "shutdown")]
+        done = runner + [mr.dispatch_cg_and_sync_dp, bt.BlockTables.append_block_ids,
+                         fa.FlashAttentionImpl.do_kv_cache_update]
+        print([getattr(f, "_kvconv", False) for f in done])
+    """
+    p = _python(code, {"KVCONV_ENGINE": "vllm", "KVCONV_VALUE": "1"})
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == str([True] * 7), p.stderr[-3000:]
+
+
+DOUBLE = """
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
+    cfg = KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l.0"], spec)])
+    m = KVCacheManager(cfg, max_model_len=64, scheduler_block_size=4, hash_block_size=4, enable_caching=False)
+    reqs = [Request(f"req-{i}", list(range(9)), SamplingParams(max_tokens=10 * i), None) for i in range(1, 6)]
+    for r in reqs[:4]:
+        m.allocate_slots(r, 9)
+        r.num_computed_tokens = 9
+    m.allocate_slots(reqs[4], 9)
+    ids = {r.request_id: m.get_block_ids(r.request_id)[0] for r in reqs}
+    print(ids["req-4"][0] == ids["req-5"][0], m.block_pool.blocks[ids["req-4"][0]].ref_cnt)
+"""
+
+
+def test_double_alloc_plant_on_vllms_block_pool():
+    """The plant hands the fifth new request the first block of the running request with most tokens to go."""
+    pytest.importorskip("vllm")
+    p = _python(DOUBLE, {"KVCONV_PLANT": "double-alloc", "PYTHONPATH": PLANTS})
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == "True 2", p.stderr[-3000:]
+    assert "kvconv plant double-alloc: block " in p.stderr and "held by running request 'req-4'" in p.stderr
+    clean = _python(DOUBLE, {"PYTHONPATH": PLANTS})
+    assert clean.returncode == 0 and clean.stdout.splitlines()[-1] == "False 1", clean.stderr[-3000:]

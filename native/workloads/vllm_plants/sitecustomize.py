@@ -147,7 +147,7 @@ def victim(manager, request):
     """The first block of the running request (not ``request``) with the most tokens still to generate."""
     best = None
     for q in S.seen.values():
-        if q is request or q.is_finished() or q.num_computed_tokens < 16:
+        if q is request or q.is_finished() or q.num_computed_tokens == 0:  # its tokens not mapped yet
             continue
         try:
             ids = manager.get_block_ids(q.request_id)[0]
