@@ -5,15 +5,16 @@ for the others)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 from test_record import WRITER, fake_lib  # noqa: F401 - fake_lib is a fixture used by the tests below
 
-from conftest import run_cli
+from conftest import FIXTURES, run_cli
 from kvconv.capture import record
-from kvconv.cli.record import set_exit
+from kvconv.check.runs import linked, set_exit
 from kvconv.format.errors import UsageError
 
 # The front end: an empty dump (the tracer's when no target kernel ran), then a child (the engine's scheduler) that
@@ -51,6 +52,28 @@ def test_output_globs_find_the_other_processes_names(tmp_path):
                                          ([None], 0), ([], 0), ([0, 4, 4], 0)])
 def test_one_exit_status_over_the_processes(exits, want):
     assert set_exit(exits) == want
+
+
+def test_processes_linked_into_one_run():
+    front = {"pid": 10, "ppid": 1, "hostname": "h"}
+    child = {"pid": 11, "ppid": 10, "hostname": "h", "output_owner_pid": "10"}
+    grandchild = {"pid": 12, "ppid": 11, "hostname": "h"}
+    assert linked([front, child, grandchild]) and linked([grandchild, front, child])
+    assert not linked([front, {"pid": 13, "ppid": 2, "hostname": "h"}])
+    assert not linked([front, dict(child, hostname="other")]) and not linked([front])
+
+
+def test_validate_reads_one_runs_dumps_as_one_run():
+    """validate on an engine's front (nothing checked) and its child (checked): the run's exit, not 4; an unrelated
+    nothing-checked dump beside them still counts."""
+    case = FIXTURES / "h200-engine-procs"
+    front, child = case / "range-profiler.kvdump.zst", case / "range-profiler.pid959.kvdump.zst"
+    r = run_cli("validate", str(front), str(child))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_cli("validate", "--json", str(front), str(child))
+    assert json.loads(r.stdout)["exit"] == 0
+    other = case / "spawn-sigkill-graph.kvdump.zst"  # another run's front: not linked to these
+    assert run_cli("validate", str(front), str(child), str(other)).returncode == 4
 
 
 def test_every_process_kept_and_reported(tmp_path, fake_lib):  # noqa: F811

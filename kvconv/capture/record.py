@@ -290,7 +290,7 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
 
 def process_of(path: str) -> dict:
     """The traced process a dump came from, from its metadata: pid, ppid, command (a list), written_at ("live" while
-    the process runs or after it was killed). Empty when the metadata cannot be read."""
+    the process runs or after it was killed), hostname, output_owner_pid. Empty when the metadata cannot be read."""
     from kvconv.format import dump
 
     try:
@@ -299,7 +299,8 @@ def process_of(path: str) -> dict:
     except (KvconvError, OSError, ValueError):
         return {}
     run = meta.get("run", meta)
-    return {k: run.get(k, meta.get(k)) for k in ("pid", "ppid", "command", "written_at")}
+    keys = ("pid", "ppid", "command", "written_at", "hostname", "output_owner_pid")
+    return {k: run.get(k, meta.get(k)) for k in keys}
 
 
 def _alive(pid) -> bool:

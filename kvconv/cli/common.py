@@ -132,7 +132,16 @@ def each(paths: Iterable[Path], fn: Callable[[Path], Outcome]) -> list[Outcome]:
 
 
 def worst(outcomes: Iterable[Outcome]) -> int:
-    return max((o.exit for o in outcomes), default=0)
+    """The exit status of several dumps: the largest; the dumps of one run's processes (an engine's front end and its
+    workers: kvconv.check.runs) as one run, where a process that ran no target kernel does not count."""
+    outcomes = list(outcomes)
+    codes = [o.exit for o in outcomes]
+    if len(codes) > 1 and 4 in codes and any(c != 4 for c in codes):
+        from kvconv.check.runs import one_run, set_exit
+
+        if one_run([o.path for o in outcomes]):
+            return set_exit(codes)
+    return max(codes, default=0)
 
 
 def envelope(command: str, outcomes: list[Outcome], **extra) -> dict:

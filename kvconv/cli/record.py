@@ -87,15 +87,9 @@ def record(
         sys.stdout.write(f"{p}: sealed: its process was killed after every record it launched was in the file "
                          "(no end record: kvconv.capture.seal)\n")
     exits = [_report_dump(p, res.reports[i] if i < len(res.reports) else None) for i, p in enumerate(res.dumps)]
+    from kvconv.check.runs import set_exit
+
     raise typer.Exit(res.returncode or set_exit(exits))
-
-
-def set_exit(exits: list[int | None]) -> int:
-    """One run's exit status over its processes' dumps: the worst over those that ran a target kernel; a process that
-    ran none (an engine's front end, a helper: exit 4 alone) does not make a traced run "nothing checked"."""
-    known = [e for e in exits if e is not None]
-    ran = [e for e in known if e != 4]
-    return max(ran) if ran else max(known, default=0)
 
 
 def _report_dump(p: str, rep) -> int | None:
