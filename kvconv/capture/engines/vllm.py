@@ -202,7 +202,7 @@ class _Session:
                 "runner": "v2", "mapping": "device" if self.device_map else "host", "block_size": kbs,
                 "plant": os.environ.get("KVCONV_PLANT") or None}
         self.recorder = CanaryRecorder(_output_path(), metadata=meta)
-        atexit.register(self.close)
+        atexit.register(_guarded, self, "writing the probe dump at exit", self.close)
         with warnings.catch_warnings():  # no tracer here: the mapping still goes into the probe's dump
             warnings.simplefilter("ignore")
             self.writes = WriteProbe(mirror=self.recorder)
