@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the SGLang 0.5.12 bundle for the offline H200 image (Python 3.12, torch 2.11.0+cu130, transformers 5.17):
-# .work/stage/sglang/sglang.partNN (40 MiB each, one per device call) and SHA256SUMS beside them.
+# .work/stage/sglang/sglang.partNN (KVCONV_PART_MB, 28 MiB, each: one per device call) and SHA256SUMS beside them.
 #
 #   bash native/engines/sglang/bundle.sh        # needs PyPI, apt-get download and python3 here
 #
@@ -56,7 +56,7 @@ $PY "$HERE/repack.py" "$w" "wheels/$(basename "$w")" --drop 'sgl_kernel/flash_op
   --drop 'sgl_kernel/sm100/*' --drop 'sgl_kernel/flashmla_ops.abi3.so' --drop '_mscclpp.*' \
   --drop 'lib/*' --drop 'lib64/*' --drop 'include/*'
 
-# 4. libnuma.so.1 from Debian's libnuma1, sitecustomize.py, then tar.xz split into 40 MiB parts.
+# 4. libnuma.so.1 from Debian's libnuma1, sitecustomize.py, then tar.xz split into KVCONV_PART_MB (28) MiB parts.
 rm -rf numa && mkdir numa && (cd numa && apt-get download -q libnuma1 >/dev/null && dpkg-deb -x libnuma1_*.deb x)
 cp -L numa/x/usr/lib/x86_64-linux-gnu/libnuma.so.1 bundle/lib/
 cp "$HERE/sitecustomize.py" bundle/site/  # unpack.sh installs the wheels beside it
@@ -64,6 +64,6 @@ mv wheels bundle/wheels
 ls bundle/wheels > bundle/WHEELS.txt
 tar -C bundle -cf - . | xz -T0 -9 > sglang.tar.xz
 rm -f "$STAGE"/sglang.part* "$STAGE/SHA256SUMS"
-split -b 40m -d -a 2 sglang.tar.xz "$STAGE/sglang.part"
+split -b "${KVCONV_PART_MB:-28}m" -d -a 2 sglang.tar.xz "$STAGE/sglang.part"
 (cd "$STAGE" && sha256sum sglang.part* > SHA256SUMS && cat SHA256SUMS && ls -l sglang.part*)
 echo "wheels: $(ls bundle/wheels | wc -l), tar.xz: $(stat -c %s sglang.tar.xz) bytes"

@@ -4,7 +4,7 @@
 #   bash native/engines/vllm/bundle.sh            # -> .work/stage/vllm/vllm.part00 ... + SHA256SUMS
 #   bash native/engines/vllm/bundle.sh --relock   # re-resolve the dependency wheels into wheels.lock first
 #
-# The bundle is one tar.xz (Python's tarfile reads it, so the device needs no zstd), split into 40 MiB parts
+# The bundle is one tar.xz (Python's tarfile reads it, so the device needs no zstd), split into parts of $KVCONV_PART_MB MiB (28: the repository travels beside each, ~33 MiB with the engine fixtures)
 # because a device call carries at most 64 MiB, the repository's own files included. Inside:
 #   site/vllm, site/vllm-0.26.0.dist-info   the wheel unpacked, minus what a dense model on Hopper never loads
 #   wheels/*.whl                            the dependencies the image lacks (wheels.lock), stored uncompressed
@@ -93,7 +93,7 @@ pack() {  # one deterministic tar.xz, split into parts; SHA256SUMS names every p
     rm -f "$STAGE"/vllm.part* "$STAGE/SHA256SUMS"
     tar -C "$CACHE/tree" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - MANIFEST site wheels \
         | xz -9 -T2 >"$CACHE/vllm.tar.xz"
-    split -b 40m -d -a 2 "$CACHE/vllm.tar.xz" "$STAGE/vllm.part"
+    split -b "${KVCONV_PART_MB:-28}m" -d -a 2 "$CACHE/vllm.tar.xz" "$STAGE/vllm.part"
     # sizes as comments for whoever plans the device calls; unpack.sh reads only the checksum lines
     (cd "$STAGE" && { stat -c '# %n %s bytes' vllm.part*; echo "# total $(cat vllm.part* | wc -c) bytes"
                       sha256sum vllm.part*; } >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS && cat SHA256SUMS)
