@@ -194,7 +194,8 @@ def _end_incident(d, findings: list[Finding]) -> list[dict]:
     records = sum(d.groups[f.group].drop_count for f in counted if f.group is not None)
     first = (lost or counted)[0]
     at = ", ".join(w for w in first.where() if w != first.field)  # path, byte, group and record
-    parts = [f"{len(lost):,} of its last launches lost their blocks ({at} on)"] if lost else []
+    launches = sum(int(f.count or 1) for f in lost)  # a "N more ... not listed" finding counts its N
+    parts = [f"{launches:,} of its last launches lost their blocks ({at} on)"] if lost else []
     if records:
         parts.append(f"{records:,} records were not yet in the file")
     msg = "the producer ended before the tracer copied its last events out: " + " and ".join(parts) + \

@@ -6,7 +6,8 @@ events.
       280 graph-node records = 280 expected executions = 280 device events, 0 drops
 
 Exit status: 0 when everything agrees, 1 when the reconciler reports an error (missing, extra or duplicated blocks,
-unmatched events, duplicated host records), 2 when a dump cannot be read or the options do not fit, 4 when the dump
+unmatched events, duplicated host records), 2 when a dump cannot be read or the options do not fit, 5 when an
+unfinished dump's last launches lost blocks at the producer's end (validate's incomplete), 4 when the dump
 traced nothing (0 target launches or 0 patched modules: ``coverage-none``, as validate says). Blocks of
 launches that ran before coverage began (ordered join, 0 device drops: code coverage-late) are a warning unless
 --strict-coverage.
@@ -68,6 +69,8 @@ def reconcile_cmd(
         rep = r.to_dict()
         lines = r.lines() + [f.line() for f in r.findings]
         code = 0 if r.ok else 1
+        if code == 0 and reconcile.report.lost_at_end([r]):  # lost at the producer's end: validate's incomplete
+            code = verdict.EXIT_CODES["incomplete"]
         if cov is not None:
             rep["findings"].append(cov.to_dict())
             rep["summary"]["warning"] += 1
