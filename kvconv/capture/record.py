@@ -303,23 +303,17 @@ def process_of(path: str) -> dict:
     return {k: run.get(k, meta.get(k)) for k in keys}
 
 
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError, TypeError):
-        return False
-    return True
-
-
 def _wait_for_writers(dumps: list[str], *, timeout_s: float | None = None) -> None:
     """An engine's children can outlive the command record started (they end at their own pace after it returned):
     wait, up to ``KVCONV_RECORD_WAIT_S`` seconds (10), for each dump still live whose process still runs."""
+    from kvconv.capture.seal import running
+
     limit = float(os.environ.get("KVCONV_RECORD_WAIT_S", "10")) if timeout_s is None else timeout_s
     deadline = time.monotonic() + limit
     for p in dumps:
         while time.monotonic() < deadline:
             proc = process_of(p)
-            if proc.get("written_at") != "live" or not _alive(proc.get("pid")):
+            if proc.get("written_at") != "live" or not running(proc.get("pid")):
                 break
             time.sleep(0.1)
 

@@ -23,7 +23,8 @@ import numpy as np
 from kvconv.format.errors import KvconvError
 
 
-def _running(pid) -> bool:
+def running(pid) -> bool:
+    """Whether process ``pid`` still runs (one of another user's counts: EPERM)."""
     try:
         os.kill(int(pid), 0)
     except PermissionError:
@@ -62,7 +63,7 @@ def _why_not(d) -> str | None:
     if any(g.kind is None for g in d.groups):
         return "unreadable"  # a kind this kvconv does not know: not rewritten
     pid = (d.metadata() or {}).get("pid")
-    return "running" if pid is not None and _running(pid) else None
+    return "running" if pid is not None and running(pid) else None
 
 
 def _rewrite(d, path: str, meta: dict) -> None:
