@@ -102,6 +102,7 @@ class Progress:
         self._rich = None
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
+        self._lines = 0
         if options.enabled is False:
             return
         terminal = _isatty(self._stream) if options.terminal is None else options.terminal
@@ -143,12 +144,18 @@ class Progress:
             amount = f"{self.done:,}/{self.total:,}"
         return f"kvconv: {self.label}: {f * 100:.0f}% ({amount}, {time.monotonic() - self._t0:.1f} s)"
 
+    def _write_line(self) -> bool:
+        try:
+            self._stream.write(self.line() + "\n")
+            self._stream.flush()
+        except (OSError, ValueError):  # stderr closed or a broken pipe: stop showing, keep working
+            return False
+        self._lines += 1
+        return True
+
     def _tick(self) -> None:
         while not self._stop.wait(self.options.interval):
-            try:
-                self._stream.write(self.line() + "\n")
-                self._stream.flush()
-            except (OSError, ValueError):  # stderr closed or a broken pipe: stop showing, keep working
+            if not self._write_line():
                 return
 
     def close(self) -> None:
@@ -156,6 +163,10 @@ class Progress:
         if self._ticker is not None:
             self._ticker.join()
             self._ticker = None
+            # A busy process may starve the ticker thread of the GIL for a whole interval: work that outlived the
+            # interval still leaves its one line, so a log always shows it ran.
+            if self._lines == 0 and time.monotonic() - self._t0 >= self.options.interval:
+                self._write_line()
         if self._rich is not None:
             self._rich.stop()
             self._rich = None
