@@ -161,12 +161,12 @@ def run_variant(args, torch, name: str) -> dict:
             "slot_graphs": len(vp._fused[0].graphs) if vp._fused else 0}  # 4 where the slots went by replays
 
 
-_SECTIONS = ("values._FusedStep.__init__", "values._FusedStep.launch", "values._FusedStep.queue_read",
-             "values._FusedStep.blocks", "values._FusedBuffers.get", "values._FusedBuffers.copy",
-             "values._FusedBuffers.mark", "values._queue_rows", "values._columns_from_blocks",
+_SECTIONS = ("fused.FusedStep.__init__", "fused.FusedStep.launch", "fused.FusedStep.queue_read",
+             "fused.FusedStep.blocks", "fused.FusedBuffers.get", "fused.FusedBuffers.copy",
+             "fused.FusedBuffers.mark", "fused.queue_rows", "fused.columns_from_blocks",
              "values.ValueProbe._fused_before", "values.ValueProbe._fused_after", "values.ValueProbe._flush",
              "values.ValueProbe._record", "values.ValueProbe._live", "_digest_triton.digest_addresses",
-             "values._FusedStep.slots", "_digest_triton.SlotDigests.run",
+             "fused.FusedStep.slots", "_digest_triton.SlotDigests.run",
              "writer.CanaryRecorder.add_records")
 
 
@@ -196,18 +196,18 @@ def _time_sections() -> dict:
 
         setattr(owner, attrs[-1], functools.wraps(orig)(timed))
         out[label] = (orig, owner, ns)
-    from kvconv.capture.probe import values
+    from kvconv.capture.probe import fused
 
-    values._kernel.cache_clear()  # it holds the launcher it found
+    fused.kernel.cache_clear()  # it holds the launcher it found
     return out
 
 
 def _untime_sections(sections: dict) -> None:
     for label, (orig, owner, _ns) in sections.items():
         setattr(owner, label.split(".")[-1], orig)
-    from kvconv.capture.probe import values
+    from kvconv.capture.probe import fused
 
-    values._kernel.cache_clear()
+    fused.kernel.cache_clear()
 
 
 def profile(args, torch, name: str) -> None:

@@ -37,15 +37,13 @@ def stream_heap() -> None:
     ``MAPPED_ARRAYS`` bytes or more gets pages of its own, returned to the system the moment it is freed, and up to
     ``HEAP_TOP_KEPT`` free bytes stay at the top of the heap between chunks.
 
-    Why both, measured on a 1,048,576-event dump (issue 13): glibc's default raises the mmap threshold (up to 32 MiB)
-    each time a block that large is freed, and gives the top of the heap back to the system whenever more than
-    twice that is free there. A chunk's numpy temporaries (128 KiB to 2 MiB each) were given back after every chunk
-    and faulted in again for the next: 15,000 page faults per Perfetto trace, a quarter of its run time in the
-    kernel (0.50 -> 0.22 s of system time for five traces; faults 90,431 -> 16,346). With the threshold raised,
-    one context's whole-table columns and their temporaries landed in the heap, where the next context's, built
-    among their holes, grew a 10 GiB Chrome trace's peak by ~100 MiB; above ``MAPPED_ARRAYS`` they never do. The
-    trim threshold bounds what the resident set keeps beyond the live arrays; :func:`release_heap` still gives
-    everything free back between stages. Once set, glibc keeps both for the process."""
+    Why both: glibc's default raises the mmap threshold each time a block that large is freed, and gives the top of
+    the heap back to the system whenever more than twice that is free there, so a chunk's numpy temporaries were
+    given back after every chunk and faulted in again for the next; with the threshold raised, one context's
+    whole-table columns landed in the heap, where the next context's, built among their holes, grew the peak.
+    Above ``MAPPED_ARRAYS`` they never do. The trim threshold bounds what the resident set keeps beyond the live
+    arrays; :func:`release_heap` still gives everything free back between stages. Once set, glibc keeps both for
+    the process. The figures: docs/BENCH.md ("The heap")."""
     fn = _mallopt()
     if fn is not None:
         fn(_M_MMAP_THRESHOLD, MAPPED_ARRAYS)

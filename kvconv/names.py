@@ -27,7 +27,7 @@ _MANGLED = re.compile(r"(?<![A-Za-z0-9_$])_Z[A-Za-z0-9_$.]+")
 @functools.lru_cache(maxsize=1)
 def _backend():
     """A function mangled -> demangled (raising on a name it cannot read), or None. Imported on the first mangled
-    name only: cxxfilt finds libstdc++ at its import (ctypes.util.find_library, ~30 ms)."""
+    name only: cxxfilt looks for libstdc++ at its import (ctypes.util.find_library), which takes time."""
     try:
         import cxxfilt
 

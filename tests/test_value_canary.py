@@ -494,7 +494,7 @@ class _Rows(np.ndarray):
 
 
 class _FakeTensor:
-    """The torch tensor methods _FusedBuffers uses, on a numpy array; copy_ is queued on the fake stream."""
+    """The torch tensor methods FusedBuffers uses, on a numpy array; copy_ is queued on the fake stream."""
 
     def __init__(self, a: np.ndarray, dev: _FakeDevice) -> None:
         self.a, self.dev = a, dev
@@ -514,7 +514,7 @@ class _FakeTensor:
 
 
 class _FakeDevice:
-    """A device and stream for the fused path on the host, under the real _FusedBuffers: copies and launches are
+    """A device and stream for the fused path on the host, under the real FusedBuffers: copies and launches are
     queued and run in order only when an event is waited for, so a host buffer written again before its copy ran
     gives wrong digests. The "kernel" reads each address inside the arrays registered (anything else fails the
     test) and digests it with digest_words."""
@@ -522,11 +522,11 @@ class _FakeDevice:
     int64 = np.int64
 
     def __init__(self, arrays) -> None:
-        from kvconv.capture.probe.values import _FusedBuffers
+        from kvconv.capture.probe.fused import FusedBuffers
 
         self.pending, self.arrays, self.done = [], list(arrays), 0  # done: how many queued have run
         self.cuda = type("cuda", (), {"Event": self.event, "current_stream": staticmethod(lambda _dev: None)})
-        self.bufs = _FusedBuffers.__new__(_FusedBuffers)
+        self.bufs = FusedBuffers.__new__(FusedBuffers)
         self.bufs.torch, self.bufs.device, self.bufs.pairs = self, "fake", {}
 
     def empty(self, size, *, dtype, pin_memory=False, device=None):
@@ -604,7 +604,7 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, gra
     the slots by _FakeSlotDigests, one slot's room at first, so that a graph is made again as steps map more) or
     the numpy path; ``graphs="fail"``: making a graph raises); step 2 raises inside its block (its copies left
     pending). Returns the records and the fast-path count."""
-    from kvconv.capture.probe import values
+    from kvconv.capture.probe import fused as fp
 
     widths = [8, 8, 8, 8] if uniform else [8, 12, 8, 4]
     pages = [NPAGES, NPAGES, NPAGES if uniform else NPAGES // 2, NPAGES]
@@ -614,24 +614,24 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, gra
     fake = _FakeDevice(caches + qkv + [src])
     vp = ValueProbe(tmp_path / f"{name}.kvdump", fused=False)
     if fused:
-        monkeypatch.setattr(values, "_kernel", lambda: fake.kernel)
-        monkeypatch.setattr(values, "_row_layout", lambda r, _d: None if r.ctypes.data % 8 or r.strides[0] % 8
+        monkeypatch.setattr(fp, "kernel", lambda: fake.kernel)
+        monkeypatch.setattr(fp, "row_layout", lambda r, _d: None if r.ctypes.data % 8 or r.strides[0] % 8
                             else (r.ctypes.data, r.strides[0]))
         vp._fused_device = lambda: "fake"
     for i, c in enumerate(caches):
         vp.watch(c, name=f"c{i}", page_size=PAGE, source=None if uniform or i != 3 else src)
     if fused:
         fake.bufs.graphs, fake.bufs.no_graphs = {}, False
-        monkeypatch.setattr(values, "_MIN_SLOTS", 1)
+        monkeypatch.setattr(fp, "MIN_SLOTS", 1)
 
         def make(_dev, groups, caps):
             if graphs == "fail":
                 raise RuntimeError("operation not permitted when stream is capturing")
             return _FakeSlotDigests(fake, groups, caps)
 
-        vp._fused = (fake.bufs, values._slot_groups(vp.caches), {}, make if graphs else None)
+        vp._fused = (fake.bufs, fp.slot_groups(vp.caches), {}, make if graphs else None)
     fast = 0
-    real = values._columns_from_blocks
+    real = fp.columns_from_blocks
 
     def spy(*a):
         nonlocal fast
@@ -639,7 +639,7 @@ def _fused_host_run(tmp_path, name, fused: bool, monkeypatch, uniform: bool, gra
         fast += got is not None
         return got
 
-    monkeypatch.setattr(values, "_columns_from_blocks", spy)
+    monkeypatch.setattr(fp, "columns_from_blocks", spy)
     rng = np.random.default_rng(5)
 
     def views(qs):

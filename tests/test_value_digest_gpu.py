@@ -1,4 +1,4 @@
-"""The value probe's fused path (kvconv.capture.probe._digest_triton, issue 29): its digests equal
+"""The value probe's fused path (kvconv.capture.probe.fused and _digest_triton): its digests equal
 ``digest_rows``' (numpy) bit for bit, and a ValueProbe records the same with it as without (``fused=False``).
 
 Needs torch with a CUDA device and triton: skipped elsewhere. Imports nothing from conftest, so it also runs where
@@ -17,7 +17,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 pytest.importorskip("triton")
 
-from kvconv.capture.probe.values import ValueProbe, _row_layout, _width, digest_rows  # noqa: E402
+from kvconv.capture.probe.digest import digest_rows, row_bytes  # noqa: E402
+from kvconv.capture.probe.fused import row_layout  # noqa: E402
+from kvconv.capture.probe.values import ValueProbe  # noqa: E402
 from kvconv.format import dump  # noqa: E402
 
 DEV = torch.device("cuda", torch.cuda.current_device())
@@ -40,12 +42,12 @@ def _reference(rows) -> np.ndarray:
 def _fused(rows) -> np.ndarray:
     from kvconv.capture.probe._digest_triton import digest_addresses
 
-    at = _row_layout(rows, rows.device)
+    at = row_layout(rows, rows.device)
     assert at is not None
     n = int(rows.shape[0])
     addrs = torch.tensor([at[0] + i * at[1] for i in range(n)], dtype=torch.int64, device=DEV)
     out = torch.full((n,), 7, dtype=torch.int64, device=DEV)
-    digest_addresses(addrs, out, _width(rows) // 8)
+    digest_addresses(addrs, out, row_bytes(rows) // 8)
     return out.cpu().numpy()
 
 
@@ -60,10 +62,10 @@ def test_fused_digest_equals_numpy_contiguous(dtype, row):
 def test_fused_digest_equals_numpy_strided():
     qkv = _random((29, 512 + 2 * 128), torch.bfloat16, seed=3)
     for rows in (qkv[:, 512:640], qkv[:, 640:], qkv.view(29, 6, 128)[:, 4:6], qkv[3:20:2, 4:12]):
-        assert _row_layout(rows, DEV) is not None
+        assert row_layout(rows, DEV) is not None
         assert (_fused(rows) == _reference(rows)).all()
     for rows in (qkv[:, 1:9], qkv.view(29, 6, 128)[:, :, :64], qkv[:, :128].t(), qkv.cpu()[:, :8]):
-        assert _row_layout(rows, DEV) is None  # unaligned, gaps within a row, transposed, on the host
+        assert row_layout(rows, DEV) is None  # unaligned, gaps within a row, transposed, on the host
 
 
 def test_slot_graph_digests_equal_numpy():

@@ -1,4 +1,4 @@
-"""The tracer's start-up calibration of its own bias on durations (issue 27 item 5; native/src/calibrate.cpp): a
+"""The tracer's start-up calibration of its own bias on durations (native/src/calibrate.cpp): a
 duration from block events spans the first block-enter event to the last block-exit event, and the patch calls
 around the kernel's body lie inside it; the tracer measures how much that adds on a kernel of its own at start-up
 and records it in the metadata (``contexts[].calibration``). Durations are then given raw and corrected (raw minus

@@ -263,8 +263,8 @@ class LaunchDurations:
 
     def finish(self, start_ns: np.ndarray | None = None) -> Durations:
         start = self.start if start_ns is None else np.asarray(start_ns, np.int64)
-        if self.end is None:  # no exit in the context: read-only constant columns, no memory per row (issue 13:
-            # 32 bytes per launch held at 10 GiB for an enter-only dump)
+        if self.end is None:  # no exit in the context: read-only constant columns, no memory per row (32 bytes
+            # per launch held would grow with an enter-only dump)
             end = np.broadcast_to(np.int64(_I64.min), (self.n,))
             zero = np.broadcast_to(np.int64(0), (self.n,))
             return Durations(start_ns=start, end_ns=end, exits=zero, blocks=zero, block_ns_max=zero,
@@ -340,7 +340,7 @@ def _graph(t: LaunchTable, dur: Durations, names: dict, ex: int, rows: np.ndarra
         nodes.append({"node_ordinal": int(o), "node": hexs(t.node[r[0]]),
                       "kernel": kernel_short(names, t.kernel_slot[r[0]]),
                       "replays": _spread(dns[r], fix(dns[r]) if fix else None)})
-    # per replay, by one sort of the rows (a mask of all rows per replay was quadratic: 3.7 s for 9,600 replays)
+    # per replay, by one sort of the rows (a mask of all rows per replay is quadratic)
     lid = t.launch_id[rows]
     order = np.argsort(lid, kind="stable")
     r, lid = rows[order], lid[order]

@@ -82,9 +82,9 @@ class LaunchTable:
         """The table of a context's host records. ``lean``: without the columns (``LATE``: 40 bytes a row) that
         only the report needs, not the pass over the device events (the exact join, the tally, validate's grids):
         :meth:`complete` reads them once the pass is over, when its own state is gone (the state held during the
-        pass is what grows with the dump: issue 13)."""
+        pass is what grows with the dump)."""
         c, n_gn, n_el = _columns(d, ctx, tuple(f for f in _FIELDS if f not in _UNUSED_LEAN) if lean else _FIELDS)
-        # narrow columns: the host state is the one that grows with the dump (issue 13: 10 GiB in <= 512 MiB)
+        # narrow columns: the host state is the one that grows with the dump (docs/BENCH.md: the 10 GiB budget)
         kind = np.empty(n_gn + n_el, np.uint8)
         kind[:n_gn], kind[n_gn:] = GRAPH_NODE, EAGER
         index = np.empty(n_gn + n_el, np.int32 if n_gn + n_el < (1 << 31) else np.int64)

@@ -1,11 +1,11 @@
-"""The value canary's digest (:func:`kvconv.capture.probe.values.digest_words`) as one Triton kernel over rows named
+"""The value canary's digest (:func:`kvconv.capture.probe.digest.digest_words`) as one Triton kernel over rows named
 by their byte addresses: the probe's fused path for torch CUDA caches (see ``ValueProbe``). Each row is read in
 place as ``words`` little-endian int64 words (8-byte aligned; rows of a multiple of 8 bytes, where ``row_words``
 reads int64 words too), so the digests equal ``digest_rows`` bit for bit, without a gather or a stack.
 
-Imported by ``values`` only when a CUDA step is digested (importing triton costs ~1 s; the first launch of a width
-compiles). The arithmetic is the module's: signed int64, wrapping products and sums, logical right shifts as
-masked arithmetic ones.
+Imported by :mod:`kvconv.capture.probe.fused` only when a CUDA step is digested (importing triton takes a while;
+the first launch of a width compiles). The arithmetic is :mod:`kvconv.capture.probe.digest`'s: signed int64,
+wrapping products and sums, logical right shifts as masked arithmetic ones.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kvconv.capture.probe.values import _G, _M1, _M2, _MASK, _i64
+from kvconv.capture.probe import digest
 
 # Triton reads only constexpr globals inside a kernel
-G, M1, M2 = tl.constexpr(_G), tl.constexpr(_M1), tl.constexpr(_M2)
-MASK27, MASK30, MASK31 = tl.constexpr(_MASK[27]), tl.constexpr(_MASK[30]), tl.constexpr(_MASK[31])
+G, M1, M2 = tl.constexpr(digest.G), tl.constexpr(digest.M1), tl.constexpr(digest.M2)
+MASK27, MASK30, MASK31 = tl.constexpr(digest.MASK[27]), tl.constexpr(digest.MASK[30]), tl.constexpr(digest.MASK[31])
 
 
 @triton.jit
@@ -68,8 +68,8 @@ def _slot_kernel(buf_ptr, bases_ptr, count_at, slots_at, out_at, slot_bytes, wor
 def _stage_kernel(src, dst, start, size, count_at, per, BLOCK: tl.constexpr, COUNTED: tl.constexpr):
     """Copy int64 words ``[start, start + m)`` from ``src`` to ``dst`` (both int64 addresses: one is pinned host
     memory): ``m = size``, or with COUNTED, ``per * src[count_at]``. In blocks of BLOCK words, one per program: a
-    kernel reading host memory word by word waits on the bus each time (on an H200, 52 us for a 40-layer step's
-    5,120 slots read so; the digests read their slots from a device copy)."""
+    kernel reading host memory word by word waits on the bus each time (docs/CANARY.md; the digests read their
+    slots from a device copy)."""
     sp = src.to(tl.pointer_type(tl.int64))
     dp = dst.to(tl.pointer_type(tl.int64))
     if COUNTED:
@@ -103,15 +103,15 @@ def digest_addresses(addrs, out, words: int) -> None:
         return
     block = _block(words)
     # host-computed: a Python int argument keeps its value whatever width Triton gives it
-    args = (addrs, out, int(words), _i64(int(words) * _G))
+    args = (addrs, out, int(words), digest.i64(int(words) * digest.G))
     with _on(out.device):
         _digest_kernel[(n,)](*args, BLOCK=block, num_warps=4)
 
 
 class SlotDigests:
     """One phase's digests of a step's slots in every group of caches, as one CUDA graph (the fused path's slots
-    before and after the step: ``ValueProbe``). Triton's launcher costs ~65-95 us of host a launch on an H200, a
-    graph's replay a few: the time before the replay is added to every step.
+    before and after the step: ``ValueProbe``). Triton's launcher costs far more host time a launch than a graph's
+    replay (docs/CANARY.md), and the time before the replay is added to every step.
 
     Made for fixed capacities (``caps``: the most slots of a step per group) and kept while a step fits. The host
     writes a step's slots into a pinned buffer and reads the digests from it; the graph copies the slots to the
@@ -133,8 +133,8 @@ class SlotDigests:
         self.host = self.io.numpy()
         self.buf = torch.zeros(max(at, 1), dtype=torch.int64, device=device)
         self.bases = [torch.tensor(np_bases, dtype=torch.int64, device=device) for _c, np_bases, _sb in groups]
-        self.args = [(int(sb), int(sb) // 8, _i64((int(sb) // 8) * _G)) for _c, _b, sb in groups]
-        # recorded by the graph itself (an event record node): Event.record costs ~10 us of host a call
+        self.args = [(int(sb), int(sb) // 8, digest.i64((int(sb) // 8) * digest.G)) for _c, _b, sb in groups]
+        # recorded by the graph itself (an event record node): Event.record costs host time at every call
         self.event = torch.cuda.Event(external=True)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device):
