@@ -20,7 +20,7 @@ QWEN = ROOT / "fixtures/qwen3-14b/qwen3-14b.kvdump"
 
 TOY = '''
 """A toy output format: one CSV line per device event (context, SM, block, device time)."""
-from kvconv.atomic import atomic_output
+from kvconv.format.atomic import atomic_output
 from kvconv.emit._contexts import emit_run
 
 

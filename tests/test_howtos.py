@@ -59,7 +59,7 @@ TOY_FORMAT = '''
 """A toy output format: one line per context, its device events counted by streaming them."""
 import os
 
-from kvconv.atomic import atomic_output
+from kvconv.format.atomic import atomic_output
 from kvconv.emit._contexts import emit_run
 
 

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from conftest import FIXTURES, run_cli
-from kvconv.atomic import MARKER, atomic_output, check_not_input
 from kvconv.format import dump
+from kvconv.format.atomic import MARKER, atomic_output, check_not_input
 from kvconv.format.errors import OutputError
 
 SMALL = FIXTURES / "bad" / "valid-small.kvdump"
@@ -44,7 +44,7 @@ def _tree(p) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# kvconv.atomic
+# kvconv.format.atomic
 
 
 def test_atomic_file_success_and_failure(tmp_path):

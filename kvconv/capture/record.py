@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvconv.format.errors import KvconvError, OutputError, UsageError
+from kvconv.format.info import process_of
 
 ROOT = Path(__file__).resolve().parents[2]  # kvconv/capture/record.py -> the checkout, whose native/ holds the tracer
 NATIVE = ROOT / "native"
@@ -235,7 +236,7 @@ def check_output(output: str, *, force: bool = False) -> None:
     """Refuse, before anything runs, an output whose folder is missing or not writable, and an existing file at a
     literal path (no %p / %c) unless ``force``: the tracer would replace it (atomic.check_output's rule)."""
     if output_glob(output) == glob.escape(output):
-        from kvconv.atomic import check_output as check_file
+        from kvconv.format.atomic import check_output as check_file
 
         check_file(output, kind="kvdump", force=force)
     folder = Path(output).expanduser().parent
@@ -286,21 +287,6 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
         for p in dumps:
             res.reports.append(validate_dump(p))
     return res
-
-
-def process_of(path: str) -> dict:
-    """The traced process a dump came from, from its metadata: pid, ppid, command (a list), written_at ("live" while
-    the process runs or after it was killed), hostname, output_owner_pid. Empty when the metadata cannot be read."""
-    from kvconv.format import dump
-
-    try:
-        with dump.open(path) as d:
-            meta = d.metadata() or {}
-    except (KvconvError, OSError, ValueError):
-        return {}
-    run = meta.get("run", meta)
-    keys = ("pid", "ppid", "command", "written_at", "hostname", "output_owner_pid")
-    return {k: run.get(k, meta.get(k)) for k in keys}
 
 
 def _wait_for_writers(dumps: list[str], *, timeout_s: float | None = None) -> None:

@@ -50,7 +50,7 @@ def _parent(p: dict) -> int | None:
 
 def one_run(paths: list[str]) -> bool:
     """Whether the dumps at ``paths`` are one run's processes (their metadata linked: :func:`linked`)."""
-    from kvconv.capture.record import process_of
+    from kvconv.format.info import process_of
 
     procs = []
     for p in paths:

@@ -71,9 +71,9 @@ def report_cmd(
 
     Example: kvconv report run.kvdump -o report.html
     """
-    from kvconv.atomic import atomic_output, check_output
     from kvconv.check import reconcile, skew
     from kvconv.cli.common import Outcome, finish
+    from kvconv.format.atomic import atomic_output, check_output
     from kvconv.format.errors import KvconvError, UsageError
     from kvconv.look import report
     from kvconv.progress import ProgressOptions

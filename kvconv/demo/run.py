@@ -1,23 +1,28 @@
 """``kvconv demo``: the whole chain on the embedded Qwen3-14B fixture, into one output folder.
 
-The folder follows the output rules of every command (:mod:`kvconv.atomic`): it is built as a temporary folder
+The folder follows the output rules of every command (:mod:`kvconv.format.atomic`): it is built as a temporary folder
 beside the target (``.NAME.tmp-PID-*``) and renamed into place once every step is done; an existing folder is
 replaced only when it is kvconv's own earlier demo (its ``.kvconv-output.json`` marker lists every file in it), or
 kvconv's own output of another command with ``--force``; a folder holding anything of the user's is refused, even
 with ``--force``. The steps run inside the temporary folder, so the commands it prints can be rerun as shown from
 inside the finished one.
 
+    >>> from kvconv.cli import main              # doctest: +SKIP
     >>> from kvconv.demo.run import run          # doctest: +SKIP
-    >>> run("kvconv-demo", force=False)          # the exit status: the worst step's
+    >>> run("kvconv-demo", main=main)            # the exit status: the worst step's
+
+The steps are run by ``main`` (a command line -> its exit status), which the CLI hands over: the demo stands below
+the CLI and never imports it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from kvconv.atomic import atomic_output
+from kvconv.format.atomic import atomic_output
 
 DUMP = "qwen3-14b.kvdump"
 STEPS = (["info", DUMP], ["validate", DUMP], ["reconcile", DUMP],
@@ -26,11 +31,13 @@ STEPS = (["info", DUMP], ["validate", DUMP], ["reconcile", DUMP],
          ["arrow", DUMP, "-o", "qwen3-14b-parquet", "--format", "parquet"])
 
 
-def run(out: str | os.PathLike, *, force: bool = False) -> int:
-    """Write the demo's folder ``out``; return the worst step's exit status. A step stopped by a signal (exit 128 +
-    n) stops the demo, and the unfinished folder is removed."""
-    from kvconv import cli
+def run(out: str | os.PathLike, *, main: Callable[[list[str]], int] | None = None, force: bool = False) -> int:
+    """Write the demo's folder ``out``, each step run by ``main`` (``kvconv.cli.main``); return the worst step's
+    exit status. A step stopped by a signal (exit 128 + n) stops the demo, and the unfinished folder is removed."""
     from kvconv.demo import qwen3_14b
+
+    if main is None:  # until the CLI's demo command hands its main over
+        from kvconv.cli import main
 
     worst = 0
     here = os.getcwd()
@@ -44,7 +51,7 @@ def run(out: str | os.PathLike, *, force: bool = False) -> int:
             for step in STEPS:
                 sys.stdout.write(f"\n$ kvconv {' '.join(step)}\n")
                 sys.stdout.flush()
-                code = cli.main(list(step))
+                code = main(list(step))
                 if code >= 128:  # the step was interrupted or terminated (and said so): stop, clean up
                     raise SystemExit(code)
                 worst = max(worst, code)

@@ -45,7 +45,7 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
     a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
 
     Yields ``(res, warn, paths, ctxs, bar)``; the caller writes, then sets ``res.bytes_written``."""
-    from kvconv.atomic import check_output
+    from kvconv.format.atomic import check_output
 
     res = EmitResult(output=str(out))
     warn = warn or res.warnings.append

@@ -147,8 +147,8 @@ class _Sink:
 
 def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write the tables of the dumps ``paths`` under the folder ``out`` (atomically: a temporary folder renamed)."""
-    from kvconv.atomic import atomic_output
     from kvconv.emit._verdict import warn_reconcile
+    from kvconv.format.atomic import atomic_output
 
     pa = _pa()
     ext = "parquet" if options.arrow_format == "parquet" else "arrow"

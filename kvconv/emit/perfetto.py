@@ -517,8 +517,8 @@ def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
 
 def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
     """Write a Perfetto trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
-    from kvconv.atomic import atomic_output
     from kvconv.emit._verdict import warn_empty, warn_reconcile
+    from kvconv.format.atomic import atomic_output
 
     with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
         pb = _pb()

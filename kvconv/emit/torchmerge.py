@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,7 @@ def write_merged(write, dumps, out: str, torch_trace: str | Path, *, options):
     import dataclasses
     import tempfile
 
-    from kvconv.atomic import atomic_output
+    from kvconv.format.atomic import atomic_output
 
     tr = load(torch_trace)
     al = alignment(tr, path=str(torch_trace))
@@ -181,9 +182,8 @@ def write_merged(write, dumps, out: str, torch_trace: str | Path, *, options):
 
 def report_merge(al: Alignment, torch_trace, *, quiet: bool) -> None:
     """The merge's line on stderr: the clock offset and its error."""
-    from kvconv.cli import err
-
     if not quiet:
-        err(f"merged into {torch_trace}: CLOCK_REALTIME - CLOCK_MONOTONIC {al.offset_ns:,} ns from {al.anchors} "
-            f"clock anchors, alignment error ±{al.error_ns / 1000:.2f} µs (anchors disagree by "
-            f"{al.spread_ns / 1000:.2f} µs); device tracks add kvconv's clock-sync bound")
+        sys.stderr.write(f"merged into {torch_trace}: CLOCK_REALTIME - CLOCK_MONOTONIC {al.offset_ns:,} ns from "
+                         f"{al.anchors} clock anchors, alignment error ±{al.error_ns / 1000:.2f} µs (anchors disagree "
+                         f"by {al.spread_ns / 1000:.2f} µs); device tracks add kvconv's clock-sync bound\n")
+        sys.stderr.flush()

@@ -10,7 +10,7 @@ payload checksum (what ``kvconv info`` prints; docs/FORMAT.md: readers verify th
 
 from __future__ import annotations
 
-from kvconv.format.errors import SchemaError
+from kvconv.format.errors import KvconvError, SchemaError
 from kvconv.format.findings import Finding
 
 
@@ -123,3 +123,18 @@ def run_lines(meta: dict) -> list[str]:
                      f"{int(out.get('graph_node_launches', 0)):,} graph-node launches "
                      f"({int(out.get('graph_replays', 0)):,} replays), {int(out.get('blocks', 0)):,} blocks")
     return lines
+
+
+def process_of(path: str) -> dict:
+    """The traced process a dump came from, from its metadata: pid, ppid, command (a list), written_at ("live" while
+    the process runs or after it was killed), hostname, output_owner_pid. Empty when the metadata cannot be read."""
+    from kvconv.format import dump
+
+    try:
+        with dump.open(path) as d:
+            meta = d.metadata() or {}
+    except (KvconvError, OSError, ValueError):
+        return {}
+    run = meta.get("run", meta)
+    keys = ("pid", "ppid", "command", "written_at", "hostname", "output_owner_pid")
+    return {k: run.get(k, meta.get(k)) for k in keys}

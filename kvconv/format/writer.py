@@ -89,7 +89,7 @@ class DumpWriter:
     """Writes groups to a temporary file; :meth:`close` renames it into place, :meth:`abort` removes it."""
 
     def __init__(self, path: str | os.PathLike, *, context_id: int = 0, device_id: int = 0) -> None:
-        from kvconv.atomic import atomic_output
+        from kvconv.format.atomic import atomic_output
 
         self.path = Path(path)
         self.context_id = context_id

@@ -1,6 +1,6 @@
 """Atomic outputs: write to a temporary name beside the target, rename on success, remove on failure.
 
-    >>> from kvconv.atomic import atomic_output
+    >>> from kvconv.format.atomic import atomic_output
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> with atomic_output(os.path.join(d, "out.txt"), kind="chrome") as tmp:
