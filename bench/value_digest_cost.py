@@ -1,7 +1,8 @@
-"""The value canary's cost (issue 29 item 1): the digests of a 40-layer decode step's written rows at batch 64
-(kvconv.capture.probe.values.ValueProbe) against the step's own time. Goal: within 5 % of the step.
+"""The value canary's cost: the digests of a 40-layer decode step's written rows at batch 64
+(kvconv.capture.probe.values.ValueProbe) against the step's own time. Goal: within 5 % of the step. Results
+of past runs: docs/results/value-digest-2026-12-03/ (docs/results/INDEX.md).
 
-    PYTHONPATH=. python3 bench/value_digest_cost.py --json bench/value_digest_cost.h200.json     # on the GPU
+    PYTHONPATH=. python3 bench/value_digest_cost.py --json value_digest_cost.json     # on the GPU
     PYTHONPATH=. python3 bench/value_digest_cost.py --small                                       # smoke run, CPU
     PYTHONPATH=. python3 bench/value_digest_cost.py --profile pooled          # where a probed step's time goes
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The live dump file's happy-path cost against an older tracer, interleaved rounds on one machine, plus a death check
-# of this build (what bench/tracer_live_cost.h200.{json,log} hold; lease 1 ran ROUNDS="1 2" WHICH="old new",
+# of this build (what docs/results/tracer-cost-2026-11-30/tracer_live_cost.h200.{json,log} hold; lease 1 ran ROUNDS="1 2" WHICH="old new",
 # lease 2 ROUNDS="3 4" WHICH="old new newF" DEATH=0).
 #   bash native/scripts/gpu_live_cost.sh OUTDIR OLD_LIB
 # old = OLD_LIB, new = native/build, newF = native/build with KVCONV_FLUSH_MS=1000 (no copies during a replay:

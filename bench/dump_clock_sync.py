@@ -1,6 +1,6 @@
-"""Clock-sync pairs and calibration of tracer dumps (issue 31: the sync stream's default changed to the legacy one).
+"""Clock-sync pairs and calibration of tracer dumps: the pairs and each context's calibration, per dump.
 
-    PYTHONPATH=. python3 bench/issue31/dumpinfo.py run.kvdump ...
+    PYTHONPATH=. python3 bench/dump_clock_sync.py run.kvdump ...
 """
 
 import json

@@ -1,7 +1,7 @@
-"""Host cost of the calls the value probe's fused path makes before a replay (issue 29), on the machine it runs on:
+"""Host cost of the calls the value probe's fused path makes before a replay, on the machine it runs on:
 median us per call over 2,000 calls each. A slot graph of 80 caches x 64 slots (the bench's step).
 
-    PYTHONPATH=. python3 bench/issue29/micro_host.py
+    PYTHONPATH=. python3 bench/value_digest_micro_host.py
 """
 
 from __future__ import annotations
