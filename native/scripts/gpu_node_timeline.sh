@@ -25,7 +25,6 @@ conf() {
     noop) run noop $T KVCONV_PATCH_FILE=$PWD/native/build/cost/noop.fatbin ;;
     nolookup) run nolookup $T KVCONV_PATCH_FILE=$PWD/native/build/cost/nolookup.fatbin ;;
     enterexit) run enterexit $T KVCONV_EVENTS=enter,exit ;;
-    learn0) run learn0 $T KVCONV_GRAPH_LEARN=0 ;;
     nograph) run nograph $T KVCONV_GRAPH_CALLBACKS=0 ;;
   esac
 }

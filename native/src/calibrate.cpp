@@ -5,7 +5,7 @@
 // kernel reads long (a 1.2 us paged-KV append: ~2.1 us on an H200). The sync thread loads the tracer's own kernel
 // module twice, patches one copy as a target module is patched (same enter/exit patch, its events into a buffer of
 // its own), and launches kvconv_calib_append alternately from both copies on the clock sync's stream (the legacy
-// NULL stream unless KVCONV_SYNC_STREAM says otherwise: a stream of its own slows every graph node, issue 31), between
+// NULL stream unless KVCONV_SYNC_STREAM=own: a stream of its own slows every graph node, docs/TRACER.md), between
 // one-thread %globaltimer stamp kernels, in batches queued behind a 2 ms spin (so that they run back to back). The
 // patched copy's block events give the span as kvconv measures it. The reference is what a profiler reports for the
 // kernel untraced: CUPTI's duration, taken by kvconv_calib_cupti (calib_cupti.cpp), a program run without the

@@ -111,7 +111,6 @@ void load_config() {
   if (g_cfg.flush_ms < 1) g_cfg.flush_ms = 1;
   g_cfg.tag = env_u64("KVCONV_TAG", 1) != 0;
   g_cfg.graph_callbacks = env_u64("KVCONV_GRAPH_CALLBACKS", 1) != 0;
-  g_cfg.graph_learn = env_u64("KVCONV_GRAPH_LEARN", 1) != 0;
   if (const char* cb = getenv("KVCONV_CALLBACKS"); cb && *cb) {
     if (!strcmp(cb, "domains")) g_cfg.whole_domains = true;
     else if (!strcmp(cb, "none")) g_cfg.no_callbacks = true;
@@ -121,10 +120,8 @@ void load_config() {
   g_cfg.calibrate = env_u64("KVCONV_CALIBRATE", 1) != 0;
   g_cfg.python_exit_hook = env_u64("KVCONV_PYTHON_EXIT_HOOK", 1) != 0;
   if (const char* ss = getenv("KVCONV_SYNC_STREAM"); ss && *ss) {
-    if (!strcmp(ss, "own") || !strcmp(ss, "blocking") || !strcmp(ss, "legacy") || !strcmp(ss, "perthread") ||
-        !strcmp(ss, "nolaunch"))
-      g_cfg.sync_stream = ss;
-    else logf(0, "warning: KVCONV_SYNC_STREAM=%s is not legacy, own, blocking, perthread or nolaunch; using legacy", ss);
+    if (!strcmp(ss, "own") || !strcmp(ss, "legacy")) g_cfg.sync_stream = ss;
+    else logf(0, "warning: KVCONV_SYNC_STREAM=%s is not legacy or own; using legacy", ss);
   }
   std::string dir = self_dir();
   const char* pf = getenv("KVCONV_PATCH_FILE");

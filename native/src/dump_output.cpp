@@ -34,12 +34,12 @@ static void write_settings(kvconv::JsonWriter& j) {
   j.strings("event_kinds", kinds);
   j.key("tag").begin_object().kv("source", "graph launch id").kv("bits", g_cfg.tag ? KVCONV_TAG_BITS : 0);
   // how a replay's tag reaches the device and its graph-node records are made (graph_exec.cpp)
-  j.kv("delivery", g_cfg.graph_learn ? "learned nodes: per-launch data in an exec's first replay, then one tag cell "
-                                       "per replay (launch stream), records from the learned nodes"
-                                     : "per-launch data per node per replay").end_object();
+  j.kv("delivery", !g_cfg.whole_domains ? "learned nodes: per-launch data in an exec's first replay, then one tag cell "
+                                          "per replay (launch stream), records from the learned nodes"
+                                        : "per-launch data per node per replay").end_object();
   j.kv("clock_sync_period_ms", g_cfg.sync_ms);
   j.kv("callbacks", std::string(g_cfg.no_callbacks ? "none" : g_cfg.whole_domains ? "domains" : "minimal") +
-                        (g_cfg.graph_callbacks ? (g_cfg.graph_learn ? ",graph-learn" : ",graph-nodes")
+                        (g_cfg.graph_callbacks ? (g_cfg.whole_domains ? ",graph-nodes" : ",graph-learn")
                                                : ",no-graph-nodes"));
 }
 

@@ -11,9 +11,8 @@
 //     patch finds the cell from %gridid in the device node table (tracer_shared.h);
 //   - the host records: the learned records with this replay's launch id, tag and time.
 // An exec whose nodes change (cuGraphExecUpdate, ...SetParams, cuGraphNodeSetEnabled) is learned again. One that
-// cannot be learned (a conditional node, a full node table) keeps a node callback per node per replay, as before.
-//
-//   KVCONV_GRAPH_LEARN=0   every exec observed node by node (the old design, for comparison)
+// cannot be learned (a conditional node, a full node table) keeps a node callback per node per replay, as does every
+// exec under KVCONV_CALLBACKS=domains (whole callback domains enabled).
 #include <cstring>
 #include <unordered_map>
 
@@ -47,7 +46,7 @@ std::unordered_map<CUgraphExec, Exec> g_execs;
 Sanitizer_SubscriberHandle g_sub = nullptr;
 std::mutex g_toggle_mu;  // sanitizerEnableCallback calls are serialized by the subscriber (sanitizer_callbacks.h)
 uint32_t g_holds = 0;
-bool g_nodes_always = false;  // node callbacks enabled for good (whole domains, or KVCONV_GRAPH_LEARN=0)
+bool g_nodes_always = false;  // node callbacks enabled for good (whole domains)
 bool g_learn_at_create = false;  // a learning launch saw no node callback: hold them from exec creation on
 
 bool node_callbacks(bool on) {
@@ -188,7 +187,7 @@ int64_t table_slot(Ctx* c, uint64_t gid) {
 
 bool enable_graph_callbacks(Sanitizer_SubscriberHandle sub) {
   g_sub = sub;
-  g_nodes_always = g_cfg.whole_domains || !g_cfg.graph_learn;
+  g_nodes_always = g_cfg.whole_domains;
   const Sanitizer_CallbackId graphs[] = {SANITIZER_CBID_GRAPHS_GRAPHEXEC_CREATED,
                                                SANITIZER_CBID_GRAPHS_GRAPHEXEC_DESTROYING,
                                                SANITIZER_CBID_GRAPHS_LAUNCH_BEGIN, SANITIZER_CBID_GRAPHS_LAUNCH_END};

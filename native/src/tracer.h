@@ -5,7 +5,7 @@
 //   patching.cpp      which modules and functions are targets, patching, callback data
 //   device_buffer.cpp the device state and event buffer; the flusher's copies of events into the dump file
 //   host_tables.cpp   graph-node and eager-launch records, written straight into the dump file
-//   clock_sync.cpp    clock-sync pairs and their background thread
+//   clock_pairs.cpp   clock-sync pairs (host side: brackets around tracer_kernels.cu's clock read) and their thread
 //   calibrate.cpp     the instrumentation's bias on durations, measured at start-up (issue 27)
 //   dump_output.cpp   metadata (JSON writer) and the finished dump (compacted from the live file)
 //   exit_paths.cpp    the flusher thread, atexit, SIGTERM/SIGINT, crash signals, fork
@@ -53,12 +53,11 @@ struct Config {
   int flush_ms = 1;              // KVCONV_FLUSH_MS: device events copied into the dump file at least this often
   bool tag = true;
   bool graph_callbacks = true;   // KVCONV_GRAPH_CALLBACKS=0: no graph-node records (overhead measurement only)
-  bool graph_learn = true;       // KVCONV_GRAPH_LEARN=0: a graph-node callback per node per replay (the old design)
   bool whole_domains = false;    // KVCONV_CALLBACKS=domains: enable whole callback domains (the facts-note setup)
   bool no_callbacks = false;     // KVCONV_CALLBACKS=none: injected and subscribed, nothing enabled (the cost floor)
   int verbose = 0;
   bool calibrate = true;         // KVCONV_CALIBRATE=0: no start-up calibration of the enter/exit bias
-  std::string sync_stream = "legacy";  // KVCONV_SYNC_STREAM: where clock-sync pairs and calibration launch (issue 31)
+  std::string sync_stream = "legacy";  // KVCONV_SYNC_STREAM: clock-sync pairs and calibration on "legacy" or "own"
   std::string patch_file, clocksync_file, calib_cupti_file;
   std::string output_owner;      // with a literal output: the pid whose output it is (KVCONV_OUTPUT_OWNER)
   bool python_exit_hook = true;  // KVCONV_PYTHON_EXIT_HOOK=0: leave os._exit alone (exit_paths.cpp)
@@ -274,7 +273,7 @@ extern thread_local int t_own_module;
 bool patch_own_module(Ctx* c, CUmodule m);  // c->mu held
 void calibrate(Ctx* c);                     // the sync thread, after the context's first clock sync
 
-// ------------------------------------------------------------------ clock_sync.cpp
+// ----------------------------------------------------------------- clock_pairs.cpp
 void do_clock_sync(Ctx* c, uint32_t flags);
 void start_sync_thread();
 void stop_sync_thread();

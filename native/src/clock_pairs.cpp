@@ -20,19 +20,12 @@ static void sync_init(Ctx* c) {  // context pushed on this thread
     return;
   }
   if (g_drv.moduleGetFunction(&s.fn, s.mod, "kvconv_clock_read") != CUDA_SUCCESS) return;
-  // The stream the pairs and the calibration launch on (KVCONV_SYNC_STREAM, docs/TRACER.md). Default: the legacy
-  // NULL stream. One kernel launched on any other stream (one of our own, blocking or not, or the per-thread one)
-  // makes every graph kernel node of the process ~0.35 us slower from then on (issue 31: engine-small +20.4% with
-  // our own stream, +5.7% on the legacy one, +5.4% launching nothing)
-  const std::string& where = g_cfg.sync_stream;
-  if (where == "legacy") s.stream = CU_STREAM_LEGACY;
-  else if (where == "perthread") s.stream = CU_STREAM_PER_THREAD;
-  else if (g_drv.streamCreate(&s.stream, where == "blocking" ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-    return;
-  if (where == "nolaunch") {  // diagnostic: the module and the stream made, no kernel launched, so no pair
-    logf(1, "KVCONV_SYNC_STREAM=nolaunch: no clock-sync pairs");
-    return;
-  }
+  // The stream the pairs and the calibration launch on (KVCONV_SYNC_STREAM, docs/TRACER.md): the legacy NULL stream,
+  // or one of the tracer's own (non-blocking) for a program whose default-stream work must not wait for them. A
+  // kernel launched on any stream but the legacy one makes every graph kernel node of the process slower from then
+  // on (docs/TRACER.md has the figures), so the legacy stream is the default.
+  if (g_cfg.sync_stream == "legacy") s.stream = CU_STREAM_LEGACY;
+  else if (g_drv.streamCreate(&s.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
   void* h = nullptr;
   if (g_drv.memHostAlloc(&h, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) return;
   s.host = static_cast<volatile unsigned long long*>(h);

@@ -1,7 +1,8 @@
-// The tracer's own kernels (one fatbin, kvconv_clocksync.fatbin).
+// The tracer's own kernels (one fatbin, kvconv_clocksync.fatbin): the clock read of the clock-sync pairs
+// (clock_pairs.cpp) and the calibration's kernels (calibrate.cpp).
 //
 // Clock-sync kernel: one thread reads %globaltimer and writes it to host-mapped memory. The host brackets the
-// launch with CLOCK_MONOTONIC reads and keeps the narrowest of a few tries (clock_sync.cpp, do_clock_sync).
+// launch with CLOCK_MONOTONIC reads and keeps the narrowest of a few tries (clock_pairs.cpp, do_clock_sync).
 extern "C" __global__ void kvconv_clock_read(unsigned long long* out) {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
