@@ -2,13 +2,13 @@
 kernel of :mod:`kvconv.capture.probe._digest_triton` (imported only when a CUDA step is digested), with the same
 bits as :func:`kvconv.capture.probe.digest.digest_rows`, so the records are the same as the torch path's.
 
-Per step: before it, the checked slots (one CUDA graph replay, :class:`SlotDigests`, that copies the slots in from
-pinned memory and adds them to the caches' addresses; launches where no graph could be captured) and the source
-rows (one launch, addresses computed on the host); after it, the slots again and the rows handed over; then one
-copy back that the step does not wait for (:class:`FusedStep`). Two sets of buffers (:class:`FusedBuffers`) are
-taken in turn, so a step's digests can wait to be read while the next step fills the other set. Rows the kernel
-cannot address (on the host, unaligned, not contiguous within a row) are returned to the caller for the torch path.
-What it costs and why it is built this way: docs/CANARY.md, "The value canary".
+Per step: before it, the checked slots (one CUDA graph replay, ``_digest_triton.SlotDigests``, that copies the
+slots in from pinned memory and adds them to the caches' addresses; launches where no graph could be captured) and
+the source rows (one launch, addresses computed on the host); after it, the slots again and the rows handed over;
+then one copy back that the step does not wait for (:class:`FusedStep`). Two sets of buffers
+(:class:`FusedBuffers`) are taken in turn, so a step's digests can wait to be read while the next step fills the
+other set. Rows the kernel cannot address (on the host, unaligned, not contiguous within a row) are returned to the
+caller for the torch path. What it costs and why it is built this way: docs/CANARY.md, "The value canary".
 
     from kvconv.capture.probe import fused
     if fused.kernel() is not None:              # triton imports

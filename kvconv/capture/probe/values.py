@@ -65,6 +65,18 @@ def _host(x, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dtype)
 
 
+def _step_inputs(step, slot_mapping, request_ids, pad) -> tuple:
+    """A step's slots (int64), request ids (uint64; 0 where none are given) and pad flags (None: the negative slots)
+    on the host, refused where their lengths differ."""
+    slots = _host(slot_mapping, np.int64)
+    reqs = np.zeros(len(slots), np.uint64) if request_ids is None else _host(request_ids, np.uint64)
+    pads = None if pad is None else _host(pad, bool)
+    if len(reqs) != len(slots) or (pads is not None and len(pads) != len(slots)):
+        raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, "
+                         f"{len(slots) if pads is None else len(pads)} pad flags")
+    return slots, reqs, pads
+
+
 class _Cache:
     """A watched cache: its slots as byte rows ``[num_slots, slot_bytes]`` (a view), its id and name."""
 
@@ -208,12 +220,7 @@ class ValueProbe(RecorderOwner):
         ``request_ids[i]``; ``pad`` marks padding rows (default: negative slots), which are not checked.
         ``expect``: {cache name: rows} as :meth:`expect_values`; ``eager``: a callable run before the step on
         copies of the watched caches (a dict name -> copy), whose written slots are then the expected rows."""
-        slots = _host(slot_mapping, np.int64)
-        reqs = np.zeros(len(slots), np.uint64) if request_ids is None else _host(request_ids, np.uint64)
-        pads = None if pad is None else _host(pad, bool)  # None: the negative slots
-        if len(reqs) != len(slots) or (pads is not None and len(pads) != len(slots)):
-            raise ValueError(f"step {step}: {len(slots)} slots, {len(reqs)} request ids, "
-                             f"{len(slots) if pads is None else len(pads)} pad flags")
+        slots, reqs, pads = _step_inputs(step, slot_mapping, request_ids, pad)
         self._step = st = int(step)
         for name, rows in (expect or {}).items():  # as expect_values (inline: 80 caches a step)
             c = self._by_name.get(name) if isinstance(name, str) else None
