@@ -7,8 +7,23 @@ starts ``sgl.Engine`` with load_format="dummy", the triton attention backend and
 ``--batch``, timed. Prints one JSON line; exits 1 when an output holds other than ``--tokens`` tokens.
 
     python3 native/workloads/sglang_seed.py                                # 8 requests x 8 tokens
-    python3 native/workloads/sglang_seed.py --requests 32 --tokens 128     # tokens/s
-    kvconv record -k store_kvcache -o run-%p.kvdump -- python3 native/workloads/sglang_seed.py
+    python3 native/workloads/sglang_seed.py --requests 32 --tokens 128     # tokens/s, decode step
+    kvconv record -k store_kvcache --capture-range graph -o run-%p.kvdump -- python3 native/workloads/sglang_seed.py
+    kvconv record -k store_kvcache --capture-range profiler -o run-%p.kvdump -- \
+        python3 native/workloads/sglang_seed.py --range profiler
+    python3 native/workloads/sglang_seed.py --requests 32 --tokens 128 --torch-profile /tmp/prof   # torch.profiler
+
+How it ends (``--end``, default ``drain``): SGLang's ``Engine.shutdown()`` SIGKILLs its children
+(``kill_process_tree``, ``srt/utils/common.py:1149`` of 0.5.12): no handler runs in the scheduler, so a tracer there
+loses what it had not flushed, and a replay still in flight (the overlap scheduler launches one more batch before it
+sees the last results) leaves its launches unfinished. ``drain`` first waits for the scheduler to be idle
+(``Engine.flush_cache()`` succeeds only when nothing runs or is queued: ``Scheduler.is_fully_idle``, the overlap's
+result queue included; it is also where kvconv's SGLang plugin writes its probe dump), stops SGLang's subprocess
+watchdog (which would SIGQUIT this process when a child ends), sends the children SIGTERM and waits for them (the
+tracer's SIGTERM handler finishes the dump), then calls ``Engine.shutdown()`` for what is left. ``--end kill``: only
+``Engine.shutdown()``, as before. ``--range profiler`` brackets the measured generate calls with SGLang's own
+``start_profile(activities=["CUDA_PROFILER"])`` / ``stop_profile()`` (``cudaProfilerStart/Stop`` in the scheduler:
+``srt/managers/scheduler_profiler_mixin.py:212/322``), for ``kvconv record --capture-range profiler``.
 
 Needs the SGLang bundle on PYTHONPATH (native/engines/README.md, "SGLang").
 """
@@ -18,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -41,7 +57,16 @@ def parse(argv):
     ap.add_argument("--requests", type=int, default=None, help="throughput mode: this many requests, timed")
     ap.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per request (default 16)")
     ap.add_argument("--graph-max-bs", type=int, default=8, help="cuda_graph_max_bs (default 8)")
+    ap.add_argument("--end", choices=("drain", "kill"), default="drain",
+                    help="drain: wait for an idle scheduler, SIGTERM the children, then shut down (default); kill: "
+                         "Engine.shutdown() alone (SIGKILL)")
+    ap.add_argument("--range", choices=("none", "profiler"), default="none",
+                    help="profiler: the measured calls between SGLang's start_profile/stop_profile (CUDA_PROFILER)")
+    ap.add_argument("--torch-profile", metavar="DIR", help="the measured calls under torch.profiler (SGLang's "
+                    "start_profile(activities=[CPU, GPU])), traces written to DIR")
     a = ap.parse_args(argv)
+    if a.range != "none" and a.torch_profile:
+        ap.error("--range profiler and --torch-profile both use SGLang's one profiler: pick one")
     for name in ("batch", "tokens", "prompt_len", "graph_max_bs") + (("requests",) if a.requests is not None else ()):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -56,28 +81,84 @@ def start(model_dir, a):
                       disable_radix_cache=True, cuda_graph_max_bs=a.graph_max_bs, log_level="warning")
 
 
-def generate(engine, n, a):
+def generate(engine, n, a, tokens=None):
     """n requests of the same prompt in one call; the count of new tokens each came back with."""
     prompt = list(range(1000, 1000 + a.prompt_len))
     outs = engine.generate(input_ids=[prompt] * n,
-                           sampling_params={"max_new_tokens": a.tokens, "ignore_eos": True})
+                           sampling_params={"max_new_tokens": tokens or a.tokens, "ignore_eos": True})
     return [len(o["output_ids"]) for o in outs]
+
+
+class measured:
+    """The measured calls, inside SGLang's profiler when asked (--range profiler, --torch-profile)."""
+
+    def __init__(self, engine, a) -> None:
+        self.engine, self.kw = engine, None
+        if a.range == "profiler":
+            self.kw = {"activities": ["CUDA_PROFILER"]}
+        elif a.torch_profile:
+            os.makedirs(a.torch_profile, exist_ok=True)
+            self.kw = {"activities": ["CPU", "GPU"], "output_dir": os.path.abspath(a.torch_profile)}
+
+    def __enter__(self):
+        if self.kw is not None:
+            self.engine.start_profile(**self.kw)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.kw is not None:
+            self.engine.stop_profile()
 
 
 def run(engine, a):
     """The seed run (one call of --batch) or throughput mode; the result dict."""
     res = {"engine": "sglang", "model": "Qwen3-14B config, dummy weights", "batch": a.batch, "tokens": a.tokens,
-           "prompt_len": a.prompt_len}
+           "prompt_len": a.prompt_len, "range": a.range, "torch_profile": bool(a.torch_profile)}
     if a.requests is None:
-        counts = generate(engine, a.batch, a)
+        with measured(engine, a):
+            counts = generate(engine, a.batch, a)
         return dict(res, requests=a.batch, output_tokens=sum(counts), bad=[c for c in counts if c != a.tokens])
     generate(engine, min(a.batch, a.requests), a)  # warm-up: first-call costs stay out of the timing
-    counts, t0 = [], time.perf_counter()
-    for first in range(0, a.requests, a.batch):
-        counts += generate(engine, min(a.batch, a.requests - first), a)
-    dt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    generate(engine, min(a.batch, a.requests), a, tokens=1)  # prefill + one token: the rest of a call is decode
+    prefill = time.perf_counter() - t0
+    counts, calls = [], 0
+    with measured(engine, a):
+        t0 = time.perf_counter()
+        for first in range(0, a.requests, a.batch):
+            counts += generate(engine, min(a.batch, a.requests - first), a)
+            calls += 1
+        dt = time.perf_counter() - t0
+    step = (dt / calls - prefill) / (a.tokens - 1) * 1e3 if a.tokens > 1 else None
     return dict(res, requests=a.requests, output_tokens=sum(counts), bad=[c for c in counts if c != a.tokens],
-                elapsed_s=round(dt, 3), tokens_per_s=round(sum(counts) / dt, 1))
+                elapsed_s=round(dt, 3), tokens_per_s=round(sum(counts) / dt, 1), prefill_s=round(prefill, 4),
+                decode_step_ms=None if step is None else round(step, 3))
+
+
+def drain(engine, *, timeout_s: float = 60.0) -> dict:
+    """End the engine so that its children finish what they write (see the module docstring); what it saw."""
+    import psutil  # SGLang's own dependency
+
+    tries, t0 = 0, time.monotonic()
+    while True:  # idle: nothing runs, nothing is queued, the overlap's last batch is done (Scheduler.is_fully_idle)
+        tries += 1
+        out = engine.flush_cache()
+        if getattr(out, "success", out) or time.monotonic() - t0 > timeout_s:
+            break
+        time.sleep(0.1)
+    time.sleep(0.2)  # the tracer's flusher copies device events every KVCONV_FLUSH_MS (1 ms)
+    dog = getattr(getattr(engine, "tokenizer_manager", None), "_subprocess_watchdog", None)
+    if dog is not None:  # else a child ending makes it SIGQUIT this process (srt/utils/watchdog.py:221)
+        dog.stop()
+    kids = psutil.Process().children(recursive=True)
+    for p in kids:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    gone, alive = psutil.wait_procs(kids, timeout=timeout_s)
+    return {"idle_after_tries": tries, "idle": bool(getattr(out, "success", out)), "children": len(kids),
+            "ended_by_sigterm": len(gone), "left_for_shutdown": len(alive)}
 
 
 def main(argv=None):
@@ -89,11 +170,14 @@ def main(argv=None):
         t0 = time.perf_counter()
         engine = start(model_dir, a)
         started = time.perf_counter() - t0
+        ended = None
         try:
             res = run(engine, a)
+            if a.end == "drain":
+                ended = drain(engine)
         finally:
-            engine.shutdown()  # stops the scheduler and detokenizer children, as SGLang's users do
-    res["start_s"] = round(started, 1)
+            engine.shutdown()  # SIGKILLs whatever child is left (all of them with --end kill)
+    res.update(start_s=round(started, 1), end=a.end, drain=ended)
     print(json.dumps(res), flush=True)
     if res["bad"]:
         print(f"sglang_seed.py: {len(res['bad'])} request(s) returned other than {a.tokens} tokens", file=sys.stderr)

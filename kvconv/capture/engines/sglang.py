@@ -24,6 +24,10 @@ nothing of SGLang's files is edited:
   harness calls ``engine.flush_cache()`` before it shuts the engine down; ``KVCONV_PROBE_STEPS`` (write after that many
   steps) and a normal interpreter exit write it too.
 
+Under ``kvconv record --capture-range profiler`` the plugin opens the tracer's range at the first forward
+(``cudaProfilerStart``) and closes it when the dump is written: SGLang's warm-up (thousands of eager KV writes) stays
+out of the trace and of the write table.
+
 The dump: ``KVCONV_PROBE_OUTPUT``, else ``<tracer dump's stem>.sglang-<pid>.probe.kvdump`` (or
 ``./kvconv-sglang-<pid>.probe.kvdump``). An error in the plugin never reaches the engine: it is printed once, kept
 in the dump's metadata (``plugin_errors``), and the plugin stops recording.
@@ -182,6 +186,8 @@ class _Session:
                 self.writes.register_cache(view, page_size=page, name=name)
         if os.environ.get("KVCONV_CANARY") == "1":
             self.canary = _location_canary(self.recorder, caches, page)
+        if _profiler_range(True):
+            self.recorder.metadata["capture_range"] = "profiler: started at the first forward, stopped at the dump"
         print(f"kvconv sglang plugin: {len(caches)} caches registered (page {page}), probe dump {self.recorder.path}, "
               f"tracer {'on' if self.writes.active else 'off'}, location canary "
               f"{'on' if self.canary is not None else 'off'}", file=sys.stderr, flush=True)
@@ -231,6 +237,7 @@ class _Session:
         self.open.clear()
         rec.metadata["request_ids"] = {str(n): rid for rid, n in self.ids.items()}  # SGLang's rid per number
         rec.close()
+        _profiler_range(False)
         print(f"kvconv sglang plugin: probe dump written: {rec.path} ({self.step} steps)", file=sys.stderr, flush=True)
 
 
@@ -247,6 +254,17 @@ def _location_canary(recorder, caches, page: int):
         canary.watch(page_view(view.reshape(-1, *view.shape[2:]), cp), name=name, page_size=cp, excluded=dummy,
                      mode=mode)
     return canary
+
+
+def _profiler_range(start: bool) -> bool:
+    """Under ``kvconv record --capture-range profiler``: the tracer's range is the plugin's window (warm-up, memory
+    profiling and graph capture call the model directly, never ``ModelRunner.forward``, so they stay out)."""
+    if os.environ.get("KVCONV_CAPTURE_RANGE") != "profiler":
+        return False
+    import torch
+
+    (torch.cuda.profiler.start if start else torch.cuda.profiler.stop)()
+    return True
 
 
 def _version() -> str:
