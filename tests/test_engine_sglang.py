@@ -276,3 +276,42 @@ def test_location_canary_on_the_pool_finds_a_page_outside_the_steps_set(tmp_path
     r = run_cli("canary", "p.kvdump", cwd=tmp_path)
     assert r.returncode == 1 and "canary-unexpected-write" in r.stdout, r.stdout
     assert "step 4" in r.stdout and "'L0.k'" in r.stdout and "changed outside the expected set: page 20" in r.stdout
+
+
+# ---- the harness (native/workloads): the plants' start-up and the seed script's options, no SGLang needed ----
+
+PLANTS = os.path.join(ROOT, "native", "workloads", "sglang_plants")
+SEED = os.path.join(ROOT, "native", "workloads", "sglang_seed.py")
+
+
+def test_plant_harness_arms_only_when_asked_and_runs_the_bundles_sitecustomize(tmp_path):
+    nxt = tmp_path / "site"
+    nxt.mkdir()
+    (nxt / "sitecustomize.py").write_text("print('the bundle sitecustomize ran')\n")
+
+    def start(plant):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVCONV_")}
+        env |= {"PYTHONPATH": f"{PLANTS}{os.pathsep}{nxt}"} | ({"KVCONV_PLANT": plant} if plant else {})
+        return subprocess.run([sys.executable, "-c", "import sys; print('kvconv.capture.engines._hooks' in "
+                               "sys.modules)"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+    armed = start("two-stream")
+    assert armed.returncode == 0 and "kvconv plant two-stream: armed in process" in armed.stderr
+    assert armed.stdout == "the bundle sitecustomize ran\nTrue\n"
+    wrong = start("loc-shift-by-two")
+    assert "unknown plant (one of loc-shift, freed-reuse, outside-write, two-stream)" in wrong.stderr
+    quiet = start(None)
+    assert quiet.stdout == "the bundle sitecustomize ran\nFalse\n" and quiet.stderr == ""
+
+
+def test_seed_script_options_without_sglang():
+    def seed(*args):
+        return subprocess.run([sys.executable, SEED, *args], capture_output=True, text=True, timeout=120)
+
+    r = seed("--help")
+    for opt in ("--end", "--range", "--torch-profile", "--rounds", "--pool"):
+        assert opt in r.stdout
+    assert "--torch-profile times throughput rounds: give --requests" in seed("--torch-profile", "/tmp/p").stderr
+    r = seed("--requests", "8", "--range", "profiler", "--torch-profile", "/tmp/p")
+    assert r.returncode == 2 and "both use SGLang's one profiler" in r.stderr
+    assert seed("--rounds", "0").returncode == 2

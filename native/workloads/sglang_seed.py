@@ -11,7 +11,7 @@ starts ``sgl.Engine`` with load_format="dummy", the triton attention backend and
     kvconv record -k store_kvcache --capture-range graph -o run-%p.kvdump -- python3 native/workloads/sglang_seed.py
     kvconv record -k store_kvcache --capture-range profiler -o run-%p.kvdump -- \
         python3 native/workloads/sglang_seed.py --range profiler
-    python3 native/workloads/sglang_seed.py --requests 32 --tokens 128 --torch-profile /tmp/prof   # torch.profiler
+    python3 native/workloads/sglang_seed.py --requests 32 --tokens 128 --rounds 2 --torch-profile /tmp/prof
 
 How it ends (``--end``, default ``drain``): SGLang's ``Engine.shutdown()`` SIGKILLs its children
 (``kill_process_tree``, ``srt/utils/common.py:1149`` of 0.5.12): no handler runs in the scheduler, so a tracer there
@@ -57,17 +57,23 @@ def parse(argv):
     ap.add_argument("--requests", type=int, default=None, help="throughput mode: this many requests, timed")
     ap.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per request (default 16)")
     ap.add_argument("--graph-max-bs", type=int, default=8, help="cuda_graph_max_bs (default 8)")
+    ap.add_argument("--pool", type=int, default=None, help="KV slots of the token pool (max_total_tokens; default: "
+                    "SGLang's, from mem_fraction_static): a small pool keeps the location canary's snapshots small")
     ap.add_argument("--end", choices=("drain", "kill"), default="drain",
                     help="drain: wait for an idle scheduler, SIGTERM the children, then shut down (default); kill: "
                          "Engine.shutdown() alone (SIGKILL)")
     ap.add_argument("--range", choices=("none", "profiler"), default="none",
                     help="profiler: the measured calls between SGLang's start_profile/stop_profile (CUDA_PROFILER)")
-    ap.add_argument("--torch-profile", metavar="DIR", help="the measured calls under torch.profiler (SGLang's "
-                    "start_profile(activities=[CPU, GPU])), traces written to DIR")
+    ap.add_argument("--rounds", type=int, default=1, help="throughput mode: timed rounds (default 1)")
+    ap.add_argument("--torch-profile", metavar="DIR", help="throughput mode: as many rounds again under torch.profiler "
+                    "(SGLang's start_profile(activities=[CPU, GPU])), traces written to DIR")
     a = ap.parse_args(argv)
     if a.range != "none" and a.torch_profile:
         ap.error("--range profiler and --torch-profile both use SGLang's one profiler: pick one")
-    for name in ("batch", "tokens", "prompt_len", "graph_max_bs") + (("requests",) if a.requests is not None else ()):
+    if a.torch_profile and a.requests is None:
+        ap.error("--torch-profile times throughput rounds: give --requests")
+    for name in ("batch", "tokens", "prompt_len", "graph_max_bs", "rounds") + \
+            (("requests",) if a.requests is not None else ()) + (("pool",) if a.pool is not None else ()):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     return a
@@ -78,7 +84,8 @@ def start(model_dir, a):
 
     return sgl.Engine(model_path=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                       attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=0.5,
-                      disable_radix_cache=True, cuda_graph_max_bs=a.graph_max_bs, log_level="warning")
+                      disable_radix_cache=True, cuda_graph_max_bs=a.graph_max_bs, log_level="warning",
+                      **({"max_total_tokens": a.pool} if a.pool else {}))
 
 
 def generate(engine, n, a, tokens=None):
@@ -90,15 +97,17 @@ def generate(engine, n, a, tokens=None):
 
 
 class measured:
-    """The measured calls, inside SGLang's profiler when asked (--range profiler, --torch-profile)."""
+    """The calls inside SGLang's profiler: ``cuda`` (start_profile CUDA_PROFILER: the tracer's --capture-range
+    profiler) or ``torch`` (torch.profiler, its traces in ``out``); ``None``: nothing."""
 
-    def __init__(self, engine, a) -> None:
+    def __init__(self, engine, kind: str | None, out: str | None = None) -> None:
         self.engine, self.kw = engine, None
-        if a.range == "profiler":
+        if kind == "cuda":
             self.kw = {"activities": ["CUDA_PROFILER"]}
-        elif a.torch_profile:
-            os.makedirs(a.torch_profile, exist_ok=True)
-            self.kw = {"activities": ["CPU", "GPU"], "output_dir": os.path.abspath(a.torch_profile)}
+        elif kind == "torch":
+            os.makedirs(out, exist_ok=True)
+            self.kw = {"activities": ["CPU", "GPU"], "output_dir": os.path.abspath(out), "with_stack": False,
+                       "record_shapes": False}
 
     def __enter__(self):
         if self.kw is not None:
@@ -110,29 +119,42 @@ class measured:
             self.engine.stop_profile()
 
 
+def timed_round(engine, a, prefill: float) -> dict:
+    """--requests requests in calls of --batch; tokens/s and the decode step (a call's time less a 1-token call's,
+    over the tokens after the first)."""
+    counts, calls, t0 = [], 0, time.perf_counter()
+    for first in range(0, a.requests, a.batch):
+        counts += generate(engine, min(a.batch, a.requests - first), a)
+        calls += 1
+    dt = time.perf_counter() - t0
+    step = (dt / calls - prefill) / (a.tokens - 1) * 1e3 if a.tokens > 1 else None
+    return {"output_tokens": sum(counts), "bad": [c for c in counts if c != a.tokens], "elapsed_s": round(dt, 3),
+            "tokens_per_s": round(sum(counts) / dt, 1), "decode_step_ms": None if step is None else round(step, 3)}
+
+
 def run(engine, a):
-    """The seed run (one call of --batch) or throughput mode; the result dict."""
+    """The seed run (one call of --batch) or throughput mode (--rounds rounds, then as many under torch.profiler
+    with --torch-profile); the result dict."""
     res = {"engine": "sglang", "model": "Qwen3-14B config, dummy weights", "batch": a.batch, "tokens": a.tokens,
-           "prompt_len": a.prompt_len, "range": a.range, "torch_profile": bool(a.torch_profile)}
+           "prompt_len": a.prompt_len, "range": a.range}
+    cuda = "cuda" if a.range == "profiler" else None
     if a.requests is None:
-        with measured(engine, a):
+        with measured(engine, cuda):
             counts = generate(engine, a.batch, a)
         return dict(res, requests=a.batch, output_tokens=sum(counts), bad=[c for c in counts if c != a.tokens])
     generate(engine, min(a.batch, a.requests), a)  # warm-up: first-call costs stay out of the timing
     t0 = time.perf_counter()
     generate(engine, min(a.batch, a.requests), a, tokens=1)  # prefill + one token: the rest of a call is decode
     prefill = time.perf_counter() - t0
-    counts, calls = [], 0
-    with measured(engine, a):
-        t0 = time.perf_counter()
-        for first in range(0, a.requests, a.batch):
-            counts += generate(engine, min(a.batch, a.requests - first), a)
-            calls += 1
-        dt = time.perf_counter() - t0
-    step = (dt / calls - prefill) / (a.tokens - 1) * 1e3 if a.tokens > 1 else None
-    return dict(res, requests=a.requests, output_tokens=sum(counts), bad=[c for c in counts if c != a.tokens],
-                elapsed_s=round(dt, 3), tokens_per_s=round(sum(counts) / dt, 1), prefill_s=round(prefill, 4),
-                decode_step_ms=None if step is None else round(step, 3))
+    with measured(engine, cuda):
+        rounds = [timed_round(engine, a, prefill) for _ in range(a.rounds)]
+    profiled = []
+    if a.torch_profile:
+        with measured(engine, "torch", a.torch_profile):
+            profiled = [timed_round(engine, a, prefill) for _ in range(a.rounds)]
+    bad = [c for r in rounds + profiled for c in r.pop("bad")]
+    return dict(res, requests=a.requests, prefill_s=round(prefill, 4), rounds=rounds, torch_profiler_rounds=profiled,
+                tokens_per_s=rounds[0]["tokens_per_s"], bad=bad)
 
 
 def drain(engine, *, timeout_s: float = 60.0) -> dict:
