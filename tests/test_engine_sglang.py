@@ -60,6 +60,7 @@ FAKE = {
                 self.name = name
             def is_idle(self): return self.name == "idle"
             def is_decode(self): return self.name == "decode"
+            def is_extend(self): return self.name == "extend"
             def is_target_verify(self): return False
             def is_cuda_graph(self): return self.name == "decode"
         class Batch:
@@ -197,6 +198,42 @@ def test_step_rows_number_requests_and_send_pads_to_the_dummy_slot():
     assert ids == {"x": 1, "y": 2}
     with pytest.raises(ValueError, match="3 tokens do not fit in 2 rows"):
         step_rows([1, 2, 3], ["x"], [3], 2, {})
+
+
+def test_padded_rows_follow_the_graph_runners_sglang_would_replay():
+    from kvconv.capture.engines.sglang import _Session
+
+    class Mode:
+        def __init__(self, name):
+            self.name = name
+
+        def is_decode(self):
+            return self.name == "decode"
+
+        def is_extend(self):
+            return self.name == "extend"
+
+        def is_cuda_graph(self):
+            return self.name == "decode"
+
+    class Runs:
+        def __init__(self, ok, **kw):
+            self.__dict__.update(kw, ok=ok)
+
+        def can_run(self, fb):
+            return self.ok
+
+    runner = type("R", (), {"graph_runner": Runs(True, capture_bs=[1, 2, 4], num_tokens_per_bs=1),
+                            "piecewise_cuda_graph_runner": Runs(True, capture_num_tokens=[4, 8, 16])})()
+    s = _Session(runner)
+    batch = type("B", (), {"forward_mode": Mode("decode"), "batch_size": 3})()
+    assert s.padded_rows(batch, 3) == 4
+    batch.forward_mode = Mode("extend")
+    assert s.padded_rows(batch, 5) == 8  # a piecewise prefill replay pads tokens to a captured count
+    runner.piecewise_cuda_graph_runner.ok = runner.graph_runner.ok = False
+    assert s.padded_rows(batch, 5) == 5
+    batch.forward_mode = Mode("decode")
+    assert s.padded_rows(batch, 3) == 3  # an eager decode: no pad row
 
 
 def test_pool_caches_and_page_views_follow_the_engines_pages():

@@ -12,7 +12,8 @@ nothing of SGLang's files is edited:
   head_dim]``, token-major: slot = row) as caches ``L{i}.k`` / ``L{i}.v`` of the engine's page size. Around each
   forward: the step's ``out_cache_loc`` (read on the host: one synchronisation a step), a request number per token
   (``ForwardBatch.rids``, numbered from 1 in order of first appearance) and, for a CUDA-graph replay of a padded
-  batch, the pad rows SGLang sends to its dummy slot 0 (``cuda_graph_runner.py:1256``: the smallest captured size);
+  batch (decode: the smallest captured size, ``cuda_graph_runner.py:1256``; a piecewise prefill: the smallest
+  captured token count), the pad rows SGLang sends to its dummy slot 0;
   the write probe gets the step (``kvconv record --writes``), and with ``KVCONV_CANARY=1`` the location canary
   snapshots the watched buffers and compares them page by page after the forward (page = slot // the engine's page
   size, or ``KVCONV_CANARY_PAGE`` slots; the dummy page excluded).
@@ -202,12 +203,21 @@ class _Session:
         decode = bool(mode.is_decode() or mode.is_target_verify())
         counts = token_counts(decode=decode, batch_size=int(fb.batch_size), num_tokens=len(real),
                               extend_lens=None if decode else fb.extend_seq_lens_cpu)
-        rows = len(real)
-        g = getattr(self.runner, "graph_runner", None)
-        if mode.is_cuda_graph() and g is not None and g.can_run(fb):  # as ModelRunner._forward_raw decides
-            rows = max(rows, graph_rows(g.capture_bs, int(fb.batch_size), int(getattr(g, "num_tokens_per_bs", 1))))
-        slots, reqs, pads = step_rows(real, fb.rids or [], counts, rows, self.ids)
+        slots, reqs, pads = step_rows(real, fb.rids or [], counts, self.padded_rows(fb, len(real)), self.ids)
         return slots, reqs, pads, real
+
+    def padded_rows(self, fb, n: int) -> int:
+        """The rows the forward writes: a decode replay pads the batch to a captured size, a piecewise prefill replay
+        its tokens to a captured count (``piecewise_cuda_graph_runner.py:656``), both with slot 0; as
+        ``ModelRunner._forward_raw`` / ``forward_extend`` decide (``model_runner.py:3390``, ``:3202``)."""
+        mode, r = fb.forward_mode, self.runner
+        g = getattr(r, "graph_runner", None)
+        if mode.is_cuda_graph() and g is not None and g.can_run(fb):
+            return max(n, graph_rows(g.capture_bs, int(fb.batch_size), int(getattr(g, "num_tokens_per_bs", 1))))
+        pw = getattr(r, "piecewise_cuda_graph_runner", None)
+        if not mode.is_decode() and mode.is_extend() and pw is not None and pw.can_run(fb):
+            return max(n, graph_rows(pw.capture_num_tokens, n))
+        return n
 
     def begin(self, fb) -> None:
         if self.recorder is None or fb.forward_mode.is_idle():
