@@ -15,6 +15,9 @@
 #   gpu_engines.sh vllm OUT              the first seed's run with vLLM's default child process, traced; throughput
 #   gpu_engines.sh vllm-plants OUT P..   the vLLM plugin (--writes --engine vllm): clean run and plants P
 #   gpu_engines.sh vllm-cost OUT         untraced 2 rounds + 2 under torch.profiler; traced 2; canaries 2
+#   gpu_engines.sh collect DEST [TAG]    logs and probe dumps of /tmp/eng in DEST/TAG-logs.tar.xz, tracer dumps xz'd
+# OUT is /tmp/eng in the README's sequence: it outlives a call while the machine stays warm (a plant run's diff
+# against the clean run of an earlier call), and `collect $OUT` ends each call.
 # Every engine process is bounded by `timeout` (T seconds, default 300) so that one hung run does not take the call.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -149,6 +152,24 @@ vllm-cost() {
   KVCONV_VALUE=1 KVCONV_PROBE_OUTPUT=/tmp/vllm-tput.probe.kvdump timed vllm-cost-canaries "$out" \
     $REC -k reshape_and_cache_flash_kernel --writes --engine vllm --no-validate -o /tmp/vllm-canary.kvdump -- \
     python3 $wl --compile-cache $CACHE $TPUT
+}
+
+collect() {  # collect DEST [TAG]: what comes back from a call (8 files of <= 16 MiB): the logs and probe dumps in one
+  # tar.xz, then each tracer dump of the run dir xz-compressed while it fits (the rest stays in /tmp/eng)
+  local dest=$1 tag=${2:-run} n=1 f
+  mkdir -p "$dest"
+  (cd /tmp/eng && tar -cJf "$dest/$tag-logs.tar.xz" --ignore-failed-read ./*.log ./*.probe.kvdump 2> /dev/null)
+  for f in $(ls -S /tmp/eng/*.kvdump 2> /dev/null | grep -v '\.probe\.kvdump$' | tac); do
+    [ $n -ge 8 ] && break
+    xz -T0 -6 -c "$f" > "$dest/$(basename "$f").xz"
+    if [ "$(stat -c %s "$dest/$(basename "$f").xz")" -gt $((15 << 20)) ]; then
+      rm "$dest/$(basename "$f").xz"
+      echo "collect: $(basename "$f") left in /tmp/eng (over 15 MiB compressed)"
+    else
+      n=$((n + 1))
+    fi
+  done
+  ls -la "$dest"
 }
 
 cmd=${1:?usage: gpu_engines.sh stage|setup|sglang-seed|sglang-cost|sglang-plants|vllm|vllm-plants|vllm-cost ...}
