@@ -32,6 +32,7 @@ REC="python3 -m kvconv record"
 CACHE=/tmp/vllm-cache
 T=${T:-300}
 TPUT="--requests 32 --tokens 128 --rounds 2"
+WCAP=4194304  # the cost runs' write table (~13k tokens x 80 caches of records; 72 B an entry: 288 MiB)
 STPUT="$TPUT --pool 32768"  # SGLang: one pool size for its three cost runs (the canary's clones: 80 x 64 MiB)
 
 stage() {
@@ -87,7 +88,8 @@ sglang-cost() {
   sglang_env
   timed sglang-cost-traced "$out" $REC -k store_kvcache --capture-range graph --no-validate \
     -o /tmp/sglang-tput.kvdump -- python3 $wl $STPUT
-  KVCONV_CANARY=1 KVCONV_PROBE_OUTPUT=/tmp/sglang-tput.probe.kvdump timed sglang-cost-canaries "$out" \
+  KVCONV_CANARY=1 KVCONV_PROBE_OUTPUT=/tmp/sglang-tput.probe.kvdump KVCONV_WRITE_CAPACITY=$WCAP \
+    timed sglang-cost-canaries "$out" \
     $REC -k store_kvcache --writes --engine sglang --capture-range profiler --no-validate \
     -o /tmp/sglang-canary.kvdump -- python3 $wl $STPUT
 }
@@ -149,7 +151,8 @@ vllm-cost() {
   timed vllm-cost-untraced "$out" python3 $wl --compile-cache $CACHE $TPUT --torch-profile /tmp/vllm-prof
   timed vllm-cost-traced "$out" $REC -k reshape_and_cache_flash_kernel --no-validate -o /tmp/vllm-tput.kvdump -- \
     python3 $wl --compile-cache $CACHE $TPUT
-  KVCONV_VALUE=1 KVCONV_PROBE_OUTPUT=/tmp/vllm-tput.probe.kvdump timed vllm-cost-canaries "$out" \
+  KVCONV_VALUE=1 KVCONV_PROBE_OUTPUT=/tmp/vllm-tput.probe.kvdump KVCONV_WRITE_CAPACITY=$WCAP \
+    timed vllm-cost-canaries "$out" \
     $REC -k reshape_and_cache_flash_kernel --writes --engine vllm --no-validate -o /tmp/vllm-canary.kvdump -- \
     python3 $wl --compile-cache $CACHE $TPUT
 }
