@@ -352,3 +352,42 @@ def test_seed_script_options_without_sglang():
     r = seed("--requests", "8", "--range", "profiler", "--torch-profile", "/tmp/p")
     assert r.returncode == 2 and "both use SGLang's one profiler" in r.stderr
     assert seed("--rounds", "0").returncode == 2
+
+
+DRAIN = """
+    import json, subprocess, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import sglang_seed
+
+    class Out:
+        def __init__(self, ok):
+            self.success = ok
+
+    class Dog:
+        stopped = False
+        def stop(self):
+            Dog.stopped = True
+
+    class Engine:  # flush_cache fails while a batch is in flight, as Scheduler.flush_cache does
+        calls = 0
+        tokenizer_manager = type("TM", (), {"_subprocess_watchdog": Dog()})()
+        def flush_cache(self):
+            Engine.calls += 1
+            return Out(Engine.calls >= 3)
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    t0 = time.monotonic()
+    seen = sglang_seed.drain(Engine(), timeout_s=20)
+    print(json.dumps(dict(seen, dog_stopped=Dog.stopped, s=round(time.monotonic() - t0, 1))))
+"""
+
+
+def test_drain_waits_for_idle_stops_the_watchdog_and_sigterms_the_children():
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(DRAIN), os.path.dirname(SEED)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    seen = json.loads(p.stdout)
+    assert (seen["idle_after_tries"], seen["idle"], seen["dog_stopped"]) == (3, True, True)
+    ended = (seen["children"], seen["ended_by_sigterm"], seen["left_for_shutdown"], seen["exit_codes"])
+    assert ended == (1, 1, 0, [-15])  # the child ended by SIGTERM (a tracer's handler finishes its dump there)
+    assert seen["s"] < 10

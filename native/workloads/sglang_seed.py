@@ -180,7 +180,8 @@ def drain(engine, *, timeout_s: float = 60.0) -> dict:
             pass
     gone, alive = psutil.wait_procs(kids, timeout=timeout_s)
     return {"idle_after_tries": tries, "idle": bool(getattr(out, "success", out)), "children": len(kids),
-            "ended_by_sigterm": len(gone), "left_for_shutdown": len(alive)}
+            "ended_by_sigterm": len(gone), "exit_codes": sorted(p.returncode for p in gone if p.returncode is not None),
+            "left_for_shutdown": len(alive)}
 
 
 def main(argv=None):
