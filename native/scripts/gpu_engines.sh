@@ -108,11 +108,11 @@ sglang-plants() {
     python3 -m kvconv validate "$out"/sglang-plant-$name*.kvdump 2>&1 | grep -v "^warning" | tail -n 8 | cut -c1-400
   done
   local ref
-  ref=$(ls "$out"/sglang-plant-clean.pid*.kvdump 2> /dev/null | head -1)
+  ref=$(ls -S "$out"/sglang-plant-clean.pid*.kvdump 2> /dev/null | head -1)  # the largest: the scheduler's
   for plant in "$@"; do
     [ "$plant" = clean ] || [ -z "$ref" ] && continue
     echo "== kvconv diff clean $plant"
-    python3 -m kvconv diff "$ref" "$(ls "$out"/sglang-plant-$plant.pid*.kvdump | head -1)" 2>&1 | tail -n 12 |
+    python3 -m kvconv diff "$ref" "$(ls -S "$out"/sglang-plant-$plant.pid*.kvdump | head -1)" 2>&1 | tail -n 12 |
       cut -c1-400
   done
 }
