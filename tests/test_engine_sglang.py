@@ -391,3 +391,21 @@ def test_drain_waits_for_idle_stops_the_watchdog_and_sigterms_the_children():
     ended = (seen["children"], seen["ended_by_sigterm"], seen["left_for_shutdown"], seen["exit_codes"])
     assert ended == (1, 1, 0, [-15])  # the child ended by SIGTERM (a tracer's handler finishes its dump there)
     assert seen["s"] < 10
+
+
+def test_the_device_scripts_entry_points_find_both_plugins_in_the_checkout(tmp_path):
+    """gpu_engines.sh declares the checkout's plugins without building kvconv's wheel: both engines' loaders find
+    them through importlib.metadata, as vLLM's and SGLang's plugin loaders do."""
+    script = os.path.join(ROOT, "native", "scripts", "gpu_engines.sh")
+    env = dict(os.environ, KVPLUG=str(tmp_path / "kvplug"))
+    subprocess.run(["bash", script, "plugin_entry_points"], check=True, env=env, timeout=60)
+    code = ("from importlib.metadata import distributions\n"
+            "d = [d for d in distributions(path=[sys.argv[1]])]\n"
+            "print(d[0].metadata['Name'], sorted((e.group, e.value) for e in d[0].entry_points))\n"
+            "[e.load() for e in d[0].entry_points]\n")
+    p = subprocess.run([sys.executable, "-c", "import sys\n" + code, str(tmp_path / "kvplug")], capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == ("kvconv-engine-plugins [('sglang.srt.plugins', "
+                                "'kvconv.capture.engines.sglang:register'), "
+                                "('vllm.general_plugins', 'kvconv.capture.engines.vllm:register')]")

@@ -26,7 +26,8 @@ export PYTHONUNBUFFERED=1 KVCONV_TRACER_LIB=$ROOT/native/build/libkvconv_tracer.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The checkout's kvconv first (the engine processes import the plugins from it), its entry points (/tmp/kvplug), the
 # CLI's missing wheels (/tmp/site: jsonschema & co, for every `python3 -m kvconv`)
-KV=$ROOT:/tmp/kvplug:/tmp/site
+KVPLUG=${KVPLUG:-/tmp/kvplug}
+KV=$ROOT:$KVPLUG:/tmp/site
 export PYTHONPATH=$KV
 REC="python3 -m kvconv record"
 CACHE=/tmp/vllm-cache
@@ -41,7 +42,7 @@ stage() {
 }
 
 plugin_entry_points() {  # what `pip install` of the checkout would declare (pyproject.toml), without building it
-  local d=/tmp/kvplug/kvconv_engine_plugins-0.0.dist-info
+  local d=$KVPLUG/kvconv_engine_plugins-0.0.dist-info
   mkdir -p "$d"
   printf 'Metadata-Version: 2.1\nName: kvconv-engine-plugins\nVersion: 0.0\n' > "$d/METADATA"
   printf '[vllm.general_plugins]\nkvconv = kvconv.capture.engines.vllm:register\n\n' > "$d/entry_points.txt"
@@ -175,6 +176,6 @@ collect() {  # collect DEST [TAG]: what comes back from a call (8 files of <= 16
   ls -la "$dest"
 }
 
-cmd=${1:?usage: gpu_engines.sh stage|setup|sglang-seed|sglang-cost|sglang-plants|vllm|vllm-plants|vllm-cost ...}
+cmd=${1:?usage: gpu_engines.sh stage|setup|sglang-seed|sglang-cost|sglang-plants|vllm|vllm-plants|vllm-cost|collect ...}
 shift
 "$cmd" "$@"
