@@ -53,8 +53,18 @@ FAKE = {
     "sglang/srt/managers/scheduler.py": "class Scheduler:\n    def flush_cache(self, empty_cache=True):\n"
                                         "        return True\n",
     "sglang/srt/model_executor/__init__.py": "",
+    "sglang/srt/model_executor/cuda_graph_runner.py": """
+        import numpy as np
+        class DecodeInputBuffers:  # the graph's static buffers (0.5.12: cuda_graph_runner.py:134, populate :282)
+            def __init__(self):
+                self.out_cache_loc = np.zeros(8, np.int64)
+            def populate_from_forward_batch(self, *, forward_batch, raw_bs, raw_num_token, bs, **kw):
+                self.out_cache_loc[:] = 0
+                self.out_cache_loc[:raw_num_token] = forward_batch.out_cache_loc
+    """,
     "sglang/srt/model_executor/model_runner.py": """
         import numpy as np
+        from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
         class Mode:
             def __init__(self, name):
                 self.name = name
@@ -80,11 +90,15 @@ FAKE = {
             is_draft_worker = False
             def __init__(self, new, layers=2, slots=32):
                 self.token_to_kv_pool, self.token_to_kv_pool_allocator = Pool(new, layers, slots), Allocator()
-                self.graph_runner, self.writes = Graphs(), 0
+                self.graph_runner, self.writes, self.buffers = Graphs(), 0, DecodeInputBuffers()
             def forward(self, fb, extra=()):
                 loc = list(fb.out_cache_loc) + list(extra)
-                if fb.forward_mode.is_cuda_graph():
-                    loc += [0] * ((1 << (len(fb.rids) - 1).bit_length()) - len(fb.rids))  # pads: slot 0
+                if fb.forward_mode.is_cuda_graph():  # a replay writes the static buffer's slots, pads at slot 0
+                    n = len(fb.rids)
+                    bs = 1 << (n - 1).bit_length()
+                    self.buffers.populate_from_forward_batch(forward_batch=fb, raw_bs=n, raw_num_token=n, bs=bs)
+                    loc = [int(x) for x in self.buffers.out_cache_loc[:bs]] + list(extra)
+                self.slots_written = loc
                 self.writes += 1
                 for buf in self.token_to_kv_pool.k_buffer + self.token_to_kv_pool.v_buffer:
                     for s in loc:
@@ -113,6 +127,7 @@ DRIVE = """
         if op[0] == "fwd":
             _, mode, rids, slots, extend, extra = op
             assert runner.forward(Batch(mode, rids, slots, extend), extra=extra) == "output"
+            print("wrote", runner.slots_written)
         elif op[0] == "release":
             release_kv_cache(type("Req", (), {"rid": op[1]})(), None)
         else:
@@ -289,6 +304,23 @@ def test_pad_rows_of_a_padded_replay_are_mapped_to_slot_zero(tmp_path):
     first, count = int(steps["map_first"][1]), int(steps["map_count"][1])
     assert rows["slot"][first:first + count].tolist() == [4, 5, 6, 0]
     assert (rows["flags"][first:first + count] != 0).tolist() == [False, False, False, True]
+
+
+def test_the_loc_shift_plant_moves_the_graphs_slot_after_the_plugin_read_the_engines(tmp_path):
+    from kvconv.format import dump
+
+    env = {"PYTHONPATH": f"{PLANTS}{os.pathsep}{_tree(tmp_path)}{os.pathsep}{ROOT}", "KVCONV_PLANT": "loc-shift",
+           "KVCONV_PLANT_STEP": "2"}
+    p = _drive(tmp_path, _plan([1, 2]), env=env)
+    assert p.returncode == 0, p.stderr
+    # step 2 is the first decode at or after step 2: a and b at slots 8 and 9, row 0 moved by the batch's 2 tokens
+    assert "kvconv plant loc-shift: step 2: request 'a' (kvconv request 1) (batch row 0): slot 8 -> 10 in the " \
+           "graph's out_cache_loc, every layer" in p.stderr
+    assert p.stdout.splitlines()[2] == "wrote [10, 9]"
+    with dump.open(tmp_path / "p.kvdump") as d:
+        steps, rows = d.records("write_step"), d.records("slot_map")
+    first = int(steps["map_first"][2])
+    assert (int(steps["step"][2]), rows["slot"][first:first + 2].tolist()) == (2, [8, 9])  # the engine's intent
 
 
 def test_an_error_in_the_plugin_stops_the_probe_not_the_engine(tmp_path):
