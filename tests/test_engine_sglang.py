@@ -293,6 +293,13 @@ def test_a_slot_handed_to_a_new_request_while_its_owner_runs_is_found(tmp_path):
     assert "step 3: request 3's token mapped to slot 4, which holds request 2's token from step 0" in r.stdout
 
 
+def test_a_probe_output_with_pct_p_names_the_scheduler(tmp_path):
+    p = _drive(tmp_path, _plan([1, 2]), env={"KVCONV_PROBE_OUTPUT": str(tmp_path / "p-%p.kvdump")})
+    assert p.returncode == 0, p.stderr
+    (dump_path,) = tmp_path.glob("p-*.kvdump")
+    assert dump_path.name[2:-7].isdigit() and f"probe dump written: {dump_path}" in p.stderr
+
+
 def test_pad_rows_of_a_padded_replay_are_mapped_to_slot_zero(tmp_path):
     from kvconv.format import dump
 

@@ -29,9 +29,10 @@ Under ``kvconv record --capture-range profiler`` the plugin opens the tracer's r
 (``cudaProfilerStart``) and closes it when the dump is written: SGLang's warm-up (thousands of eager KV writes) stays
 out of the trace and of the write table.
 
-The dump: ``KVCONV_PROBE_OUTPUT``, else ``<tracer dump's stem>.sglang-<pid>.probe.kvdump`` (or
-``./kvconv-sglang-<pid>.probe.kvdump``). An error in the plugin never reaches the engine: it is printed once, kept
-in the dump's metadata (``plugin_errors``), and the plugin stops recording.
+The dump: ``KVCONV_PROBE_OUTPUT`` (``%p``: the process id, for one dump per scheduler of a TP run), else
+``<tracer dump's stem>.sglang-<pid>.probe.kvdump`` (or ``./kvconv-sglang-<pid>.probe.kvdump``). An error in the plugin
+never reaches the engine: it is printed once, kept in the dump's metadata (``plugin_errors``), and the plugin stops
+recording.
 
     >>> step_rows([7, 9, 3], ["a", "b"], [2, 1], 5, {})
     (array([7, 9, 3, 0, 0]), array([1, 1, 2, 0, 0], dtype=uint64), array([False, False, False,  True,  True]))
@@ -176,8 +177,9 @@ class _Session:
                              int(getattr(pool, "start_layer", 0) or 0))
         meta = {"producer": "kvconv.capture.engines.sglang", "engine": "sglang", "sglang_version": _version(),
                 "page_size": page, "pool": type(pool).__name__, "plant": os.environ.get("KVCONV_PLANT") or None}
-        self.recorder = CanaryRecorder(os.environ.get("KVCONV_PROBE_OUTPUT") or probe_path(
-            os.environ.get("KVCONV_OUTPUT"), os.getpid(), engine="sglang"), metadata=meta)
+        named = os.environ.get("KVCONV_PROBE_OUTPUT", "").replace("%p", str(os.getpid()))  # %p: one per scheduler
+        self.recorder = CanaryRecorder(named or probe_path(os.environ.get("KVCONV_OUTPUT"), os.getpid(),
+                                                           engine="sglang"), metadata=meta)
         atexit.register(_guarded, self, "writing the probe dump at exit", self.close)
         with warnings.catch_warnings():  # no tracer here: the mapping still goes into the probe's dump
             warnings.simplefilter("ignore")
