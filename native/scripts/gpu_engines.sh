@@ -5,6 +5,8 @@
 #   gpu_engines.sh setup NAME            kvconv's wheels (.whl) into /tmp/site, the tracer (carried native/build, or
 #                                        built for sm_90), the plugins' entry points for the checkout (/tmp/kvplug),
 #                                        and bundle NAME unpacked once all its parts are staged
+#   gpu_engines.sh sglang-session OUT    the SGLang plugin's session on CUDA tensors in SGLang's pool layout, no
+#                                        SGLang: location canary, page = slot // 256, clean and one planted write
 #   gpu_engines.sh sglang-seed OUT       the second seed's batch-8 run traced (--capture-range graph, the harness's
 #                                        drain end: record's exit is issue 44's done-when), then the untraced cost
 #                                        process: 2 rounds, 2 more under torch.profiler
@@ -49,10 +51,14 @@ plugin_entry_points() {  # what `pip install` of the checkout would declare (pyp
   printf '[sglang.srt.plugins]\nkvconv = kvconv.capture.engines.sglang:register\n' >> "$d/entry_points.txt"
 }
 
-setup() {
+site() {  # the CLI's wheels (.whl) into /tmp/site, once per machine
   if [ ! -f /tmp/site/.done ] && ls .whl/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.done
   fi
+}
+
+setup() {
+  site
   if [ ! -f native/build/libkvconv_tracer.so ]; then
     make -C native -j16 ARCHS=90 tracer > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
   fi
@@ -72,6 +78,12 @@ timed() {  # timed NAME LOGDIR CMD...: run (bounded), keep its output, print exi
 
 sglang_env() {
   export PYTHONPATH=$KV:/tmp/sglang/site LD_LIBRARY_PATH=/tmp/sglang/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
+sglang-session() {  # the plugin's session and location canary on CUDA without SGLang (page = slot // 256)
+  site
+  mkdir -p "$1"
+  timed sglang-session "$1" python3 native/workloads/sglang_plants/session_check.py "$1"
 }
 
 sglang-seed() {
@@ -176,6 +188,6 @@ collect() {  # collect DEST [TAG]: what comes back from a call (8 files of <= 16
   ls -la "$dest"
 }
 
-cmd=${1:?usage: gpu_engines.sh stage|setup|sglang-seed|sglang-cost|sglang-plants|vllm|vllm-plants|vllm-cost|collect ...}
+cmd=${1:?usage: gpu_engines.sh stage|setup|sglang-session|sglang-seed|sglang-cost|sglang-plants|vllm|vllm-plants|vllm-cost|collect ...}
 shift
 "$cmd" "$@"
