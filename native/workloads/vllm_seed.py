@@ -4,6 +4,7 @@
     kvconv record -k reshape_and_cache_flash_kernel -o run-%p.kvdump -- python3 native/workloads/vllm_seed.py
     python3 native/workloads/vllm_seed.py --requests 32 --tokens 128      # throughput: tokens/s, decode step
     python3 native/workloads/vllm_seed.py --in-process --compile-cache /tmp/vllm-cache
+    python3 native/workloads/vllm_seed.py --requests 32 --tokens 128 --rounds 2 --torch-profile /tmp/prof
 
 vLLM 0.26.0 on the offline H200 image (native/engines/README.md, "vLLM", says how to bring it there). No weights
 and no tokenizer can be fetched, so a temporary folder holds only Qwen3-14B's config.json, the weights are vLLM's
@@ -76,8 +77,13 @@ def parse(argv):
         metavar="DIR",
         help="vLLM's cache root (VLLM_CACHE_ROOT): a second start reuses its torch.compile output",
     )
+    p.add_argument("--rounds", type=int, default=1, metavar="N", help="throughput mode: timed rounds (default 1)")
+    p.add_argument("--torch-profile", metavar="DIR", help="throughput mode: as many rounds again under vLLM's torch "
+                   "profiler (profiler_config, LLM.start_profile/stop_profile), traces in DIR")
     a = p.parse_args(argv)
-    for name, least in (("requests", 0), ("tokens", 1), ("tp", 1)):
+    if a.torch_profile and not a.requests:
+        p.error("--torch-profile times throughput rounds: give --requests")
+    for name, least in (("requests", 0), ("tokens", 1), ("tp", 1), ("rounds", 1)):
         if getattr(a, name) < least:
             p.error(f"--{name} must be >= {least}, not {getattr(a, name)}")
     return a
@@ -95,10 +101,15 @@ def environ(args):
         os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(args.compile_cache)
 
 
-def engine(model_dir, tp):
+def engine(model_dir, tp, profile_dir=None):
     from vllm import LLM
 
+    extra = {}
+    if profile_dir:  # vllm/config/profiler.py (0.26.0): warmup_iterations 0 = every iteration between start and stop
+        extra["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": os.path.abspath(profile_dir),
+                                    "torch_profiler_with_stack": False}
     return LLM(
+        **extra,
         model=model_dir,
         load_format="dummy",
         skip_tokenizer_init=True,
@@ -127,24 +138,35 @@ def generate(llm, n, tokens):
 
 def run(llm, args):
     """The seed: warm-up then one request. Throughput: also a 1-token pass of the same batch, so that
-    (wall - prefill wall) / (T - 1) is the time of one decode step."""
+    (wall - prefill wall) / (T - 1) is the time of one decode step; --rounds rounds, then as many under vLLM's
+    torch profiler with --torch-profile."""
     generate(llm, 1, 1)
     n = args.requests or 1
-    wall, produced = generate(llm, n, args.tokens)
-    result = {
-        "requests": n,
-        "tokens_per_request": args.tokens,
-        "output_tokens": produced,
-        "wall_s": round(wall, 4),
-        "tokens_per_s": round(produced / wall, 1),
-    }
-    if args.requests and args.tokens > 1:
-        prefill, _ = generate(llm, n, 1)
+    result = {"requests": n, "tokens_per_request": args.tokens}
+    prefill = generate(llm, n, 1)[0] if args.requests and args.tokens > 1 else None
+    rounds = [timed_round(llm, n, args.tokens, prefill) for _ in range(args.rounds)]
+    profiled = []
+    if args.torch_profile:
+        llm.start_profile()
+        profiled = [timed_round(llm, n, args.tokens, prefill) for _ in range(args.rounds)]
+        llm.stop_profile()
+    result.update(rounds[0])  # the seed's fields as before: the first round's
+    if args.rounds > 1 or profiled:
+        result.update(rounds=rounds, torch_profiler_rounds=profiled)
+    if prefill is not None:
         result["prefill_wall_s"] = round(prefill, 4)
-        result["decode_step_ms"] = round((wall - prefill) / (args.tokens - 1) * 1e3, 3)
-    if produced != n * args.tokens:
-        result["error"] = f"expected {n * args.tokens} output tokens, got {produced}"
+    bad = [r for r in rounds + profiled if r["output_tokens"] != n * args.tokens]
+    if bad:
+        result["error"] = f"expected {n * args.tokens} output tokens, got {bad[0]['output_tokens']}"
     return result
+
+
+def timed_round(llm, n, tokens, prefill):
+    wall, produced = generate(llm, n, tokens)
+    out = {"output_tokens": produced, "wall_s": round(wall, 4), "tokens_per_s": round(produced / wall, 1)}
+    if prefill is not None:
+        out["decode_step_ms"] = round((wall - prefill) / (tokens - 1) * 1e3, 3)
+    return out
 
 
 def main(argv=None):
@@ -158,7 +180,7 @@ def main(argv=None):
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(QWEN3_14B, f, indent=2)
         t0 = time.perf_counter()
-        llm = engine(model_dir, args.tp)
+        llm = engine(model_dir, args.tp, args.torch_profile)
         start = time.perf_counter() - t0
         result = run(llm, args)
         # vLLM's own shutdown: the engine core client stops its child process (or the in-process core), then

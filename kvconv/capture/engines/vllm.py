@@ -141,7 +141,7 @@ def _output_path() -> str:
     return probe_path(os.environ.get("KVCONV_OUTPUT"), os.getpid())
 
 
-def probe_path(tracer_output: str | None, pid: int) -> str:
+def probe_path(tracer_output: str | None, pid: int, *, engine: str = "vllm") -> str:
     """The probe dump beside the tracer's (``kvconv record -o``'s path, its %p and %c filled in), or in the working
     folder.
 
@@ -149,10 +149,10 @@ def probe_path(tracer_output: str | None, pid: int) -> str:
     ('runs/run-42.vllm-42.probe.kvdump', True)
     """
     if not tracer_output:
-        return os.path.abspath(f"kvconv-vllm-{pid}.probe.kvdump")
+        return os.path.abspath(f"kvconv-{engine}-{pid}.probe.kvdump")
     base = tracer_output.replace("%p", str(pid)).replace("%c", "0")
     base = base[: -len(".kvdump")] if base.endswith(".kvdump") else base
-    return f"{base}.vllm-{pid}.probe.kvdump"
+    return f"{base}.{engine}-{pid}.probe.kvdump"
 
 
 class _Session:
