@@ -1,0 +1,176 @@
+"""The CLI as users meet it: each command as a process (``python -m kvconv ...``), beside the same command run in this
+process (imports done: what the process adds is start-up and imports) and the library call under it.
+
+    .venv/bin/python bench/bench_cli.py                        # a generated ~70 MiB dump, 3 rounds
+    .venv/bin/python bench/bench_cli.py --rounds 5 --size 256MiB
+    .venv/bin/python /tmp/other/bench/bench_cli.py           # another tree (its kvconv/, schemas/, bench/): its code
+
+Commands: perfetto, chrome, arrow, validate, report (each ``-q``, output in a scratch folder beside the dump). Per
+command and round, interleaved (a busy moment of the machine hits every column alike): the process's wall time,
+``kvconv.cli.main`` in this process, and the library path (``write_*`` without the verdict, ``validate()``), best
+and worst of the rounds. Beside them: ``python -c pass`` and ``python -m kvconv --help`` (the floor every command
+pays) and ``-X importtime``'s heaviest imports of one converter run. Load average and the memcpy probe before and
+after (bench/_timing.quietness): on a shared machine read the ratios, not the seconds.
+
+kvconv's bytecode is compiled first (``compileall``, as ``pip install`` does for a wheel): an editable install under
+PYTHONDONTWRITEBYTECODE=1 compiles every module of kvconv in every process, 0.2-0.3 s of each command measured on
+the 2-core development machine (``--no-compile`` measures that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _table import Col, print_table  # noqa: E402
+from _timing import quietness, timed  # noqa: E402
+
+COMMANDS = ("perfetto", "chrome", "arrow", "validate", "report")
+OUT = {"perfetto": "t.pftrace", "chrome": "t.json", "arrow": "tables", "report": "r.html"}
+
+
+def argv(cmd: str, dump: Path, scratch: Path) -> list[str]:
+    out = ["-o", str(scratch / OUT[cmd]), "--force"] if cmd in OUT else []
+    return [cmd, str(dump), *out, "-q"]
+
+
+def process(tree: Path, args: list[str]) -> float:
+    """Wall seconds of ``python -m kvconv ARGS`` run from ``tree`` (its kvconv first on the path)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("KVCONV_DEBUG", None)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "kvconv", *args], cwd=str(tree), env=env, capture_output=True)
+    dt = time.perf_counter() - t
+    if p.returncode not in (0, 1, 4, 5):  # a verdict's status is no failure of the bench
+        raise SystemExit(f"kvconv {' '.join(args)}: exit {p.returncode}: {p.stderr.decode()[-800:]}")
+    return dt
+
+
+def in_process(args: list[str]) -> float:
+    """Seconds of ``kvconv.cli.main(ARGS)`` in this process (stdout and stderr swallowed)."""
+    from kvconv.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        t = time.perf_counter()
+        try:
+            main(args)
+        except SystemExit:
+            pass
+        return time.perf_counter() - t
+
+
+def library(cmd: str, dump: Path, scratch: Path) -> float | None:
+    """Seconds of the library call under the command (None: report, whose page is the CLI's own work)."""
+    from kvconv.check.validate import validate
+    from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
+
+    f = {"perfetto": write_perfetto, "chrome": write_chrome, "arrow": write_arrow}.get(cmd)
+    if f is not None:
+        return timed(f, [str(dump)], scratch / OUT[cmd], options=EmitOptions(progress=False, force=True))[0]
+    if cmd == "validate":
+        return timed(validate, str(dump))[0]
+    return None
+
+
+def floor(tree: Path) -> tuple[float, float]:
+    """(``python -c pass``, ``python -m kvconv --help``) wall seconds."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    bare = time.perf_counter() - t
+    return bare, process(tree, ["--help"])
+
+
+def heaviest_imports(tree: Path, args: list[str], n: int = 8) -> list[tuple[str, float]]:
+    """The ``n`` top-level imports of one run that took longest (cumulative ms, -X importtime)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "kvconv", *args], cwd=str(tree), env=env,
+                       capture_output=True, text=True)
+    top = []
+    for line in p.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cum, name = line.split("|")
+        if cum.strip().isdigit() and not name.startswith("  "):
+            top.append((name.strip(), int(cum) / 1000))
+    return sorted(top, key=lambda x: -x[1])[:n]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="70MiB", help="size of the generated dump (bench/gendump.py)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-compile", action="store_true", help="leave kvconv's bytecode as it is")
+    ap.add_argument("--commands", default=",".join(COMMANDS))
+    a = ap.parse_args()
+    import gendump
+
+    a.tree = ROOT
+    if not a.no_compile:
+        import compileall
+
+        compileall.compile_dir(str(ROOT / "kvconv"), quiet=1)
+    pyc = any((ROOT / "kvconv" / "__pycache__").glob("*.pyc"))
+    print(f"kvconv bytecode: {'compiled' if pyc else 'NOT compiled (every process compiles kvconv)'}; "
+          f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+    print(quietness("start"))
+    scratch = Path(tempfile.mkdtemp(prefix="kvconv-bench-cli-", dir=str(_out())))
+    try:
+        dump = scratch / "run.kvdump"
+        info = gendump.write(dump, gendump.GenOptions(size_bytes=gendump.parse_size(a.size)))
+        print(f"dump: {dump.stat().st_size / 2**20:.1f} MiB, {info.get('device_event', 0):,} device events, "
+              f"{info.get('graph_node', 0) + info.get('eager_launch', 0):,} host records (bench/gendump.py); processes "
+              f"run {a.tree}; {a.rounds} rounds, interleaved")
+        run(a, dump, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(quietness("end"))
+
+
+def run(a, dump: Path, scratch: Path) -> None:
+    cmds = a.commands.split(",")
+    for c in cmds:  # warm: the page cache, this process's imports
+        in_process(argv(c, dump, scratch))
+    t: dict = {(c, k): [] for c in cmds for k in ("proc", "inproc", "lib")}
+    floors = []
+    for _ in range(a.rounds):
+        floors.append(floor(a.tree))
+        for c in cmds:
+            t[c, "proc"].append(process(a.tree, argv(c, dump, scratch)))
+            t[c, "inproc"].append(in_process(argv(c, dump, scratch)))
+            lib = library(c, dump, scratch)
+            if lib is not None:
+                t[c, "lib"].append(lib)
+    bare, helpt = min(f[0] for f in floors), min(f[1] for f in floors)
+    print(f"floor: python -c pass {bare:.3f} s; python -m kvconv --help {helpt:.3f} s (best of {a.rounds})")
+    rows = []
+    for c in cmds:
+        p, i, lib = t[c, "proc"], t[c, "inproc"], t[c, "lib"]
+        rows.append((c, min(p), max(p), min(i), max(i), min(lib) if lib else float("nan"),
+                     max(lib) if lib else float("nan"), min(p) - min(i)))
+    print_table([Col("command", "9"), Col("process s", "9.3f"), Col("(worst)", "7.3f"), Col("in-process", "10.3f"),
+                 Col("(worst)", "7.3f"), Col("library", "7.3f"), Col("(worst)", "7.3f"),
+                 Col("start-up+imports", "16.3f")], rows)
+    print("heaviest imports of `kvconv perfetto` (cumulative ms): " + ", ".join(
+        f"{n} {ms:.0f}" for n, ms in heaviest_imports(a.tree, argv("perfetto", dump, scratch))))
+
+
+def _out() -> Path:
+    p = ROOT / "bench" / "out"  # git-ignored
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+if __name__ == "__main__":
+    main()
