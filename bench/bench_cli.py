@@ -6,9 +6,11 @@ process (imports done: what the process adds is start-up and imports) and the li
     .venv/bin/python /tmp/other/bench/bench_cli.py           # another tree (its kvconv/, schemas/, bench/): its code
 
 Commands: perfetto, chrome, arrow, validate, report (each ``-q``, output in a scratch folder beside the dump). Per
-command and round, interleaved (a busy moment of the machine hits every column alike): the process's wall time,
-``kvconv.cli.main`` in this process, and the library path (``write_*`` without the verdict, ``validate()``), best
-and worst of the rounds. Beside them: ``python -c pass`` and ``python -m kvconv --help`` (the floor every command
+command and round, interleaved (a busy moment of the machine hits every column alike): the process's wall time (of
+this tree, and of ``--other``'s), ``kvconv.cli.main`` in this process, and the library path: ``write_*`` alone,
+``write_*`` then ``validate()`` (what the converters' verdict line cost as a second pass), ``write_*`` with
+``EmitOptions(verdict=True)`` (the verdict from the converter's own pass), ``validate()``; best and worst of the
+rounds. Beside them: ``python -c pass`` and ``python -m kvconv --help`` (the floor every command
 pays) and ``-X importtime``'s heaviest imports of one converter run. Load average and the memcpy probe before and
 after (bench/_timing.quietness): on a shared machine read the ratios, not the seconds.
 
@@ -71,14 +73,16 @@ def in_process(args: list[str]) -> float:
         return time.perf_counter() - t
 
 
-def library(cmd: str, dump: Path, scratch: Path) -> float | None:
-    """Seconds of the library call under the command (None: report, whose page is the CLI's own work)."""
+def library(cmd: str, dump: Path, scratch: Path, *, verdict: bool = False) -> float | None:
+    """Seconds of the library call under the command (None: report, whose page is the CLI's own work);
+    ``verdict``: a converter computing validate's verdict in its own pass (EmitOptions.verdict, what the CLI asks)."""
     from kvconv.check.validate import validate
     from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
 
     f = {"perfetto": write_perfetto, "chrome": write_chrome, "arrow": write_arrow}.get(cmd)
     if f is not None:
-        return timed(f, [str(dump)], scratch / OUT[cmd], options=EmitOptions(progress=False, force=True))[0]
+        opts = EmitOptions(progress=False, force=True, verdict=verdict)
+        return timed(f, [str(dump)], scratch / OUT[cmd], options=opts)[0]
     if cmd == "validate":
         return timed(validate, str(dump))[0]
     return None
@@ -113,57 +117,82 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true", help="leave kvconv's bytecode as it is")
     ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--other", type=Path, default=None, help="another tree (kvconv/, schemas/) whose processes run "
+                    "alternately with this one's: an A/B of the CLI in one window")
     a = ap.parse_args()
     import gendump
 
-    a.tree = ROOT
-    if not a.no_compile:
-        import compileall
+    trees = [ROOT] + ([a.other.resolve()] if a.other else [])
+    for tree in trees:
+        if not a.no_compile:
+            import compileall
 
-        compileall.compile_dir(str(ROOT / "kvconv"), quiet=1)
-    pyc = any((ROOT / "kvconv" / "__pycache__").glob("*.pyc"))
-    print(f"kvconv bytecode: {'compiled' if pyc else 'NOT compiled (every process compiles kvconv)'}; "
-          f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+            compileall.compile_dir(str(tree / "kvconv"), quiet=1)
+        pyc = any((tree / "kvconv" / "__pycache__").glob("*.pyc"))
+        print(f"{tree}: kvconv bytecode {'compiled' if pyc else 'NOT compiled (every process compiles kvconv)'}")
+    print(f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
     print(quietness("start"))
     scratch = Path(tempfile.mkdtemp(prefix="kvconv-bench-cli-", dir=str(_out())))
     try:
         dump = scratch / "run.kvdump"
         info = gendump.write(dump, gendump.GenOptions(size_bytes=gendump.parse_size(a.size)))
         print(f"dump: {dump.stat().st_size / 2**20:.1f} MiB, {info.get('device_event', 0):,} device events, "
-              f"{info.get('graph_node', 0) + info.get('eager_launch', 0):,} host records (bench/gendump.py); processes "
-              f"run {a.tree}; {a.rounds} rounds, interleaved")
-        run(a, dump, scratch)
+              f"{info.get('graph_node', 0) + info.get('eager_launch', 0):,} host records (bench/gendump.py); "
+              f"{a.rounds} rounds, interleaved; best (worst) seconds")
+        run(a, trees, dump, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         print(quietness("end"))
 
 
-def run(a, dump: Path, scratch: Path) -> None:
+LIB = ("lib", "lib+validate", "lib verdict")
+
+
+def run(a, trees: list[Path], dump: Path, scratch: Path) -> None:
     cmds = a.commands.split(",")
     for c in cmds:  # warm: the page cache, this process's imports
         in_process(argv(c, dump, scratch))
-    t: dict = {(c, k): [] for c in cmds for k in ("proc", "inproc", "lib")}
-    floors = []
+    t: dict = {}
+    floors: dict = {tree: [] for tree in trees}
     for _ in range(a.rounds):
-        floors.append(floor(a.tree))
+        for tree in trees:
+            floors[tree].append(floor(tree))
         for c in cmds:
-            t[c, "proc"].append(process(a.tree, argv(c, dump, scratch)))
-            t[c, "inproc"].append(in_process(argv(c, dump, scratch)))
-            lib = library(c, dump, scratch)
-            if lib is not None:
-                t[c, "lib"].append(lib)
-    bare, helpt = min(f[0] for f in floors), min(f[1] for f in floors)
-    print(f"floor: python -c pass {bare:.3f} s; python -m kvconv --help {helpt:.3f} s (best of {a.rounds})")
-    rows = []
-    for c in cmds:
-        p, i, lib = t[c, "proc"], t[c, "inproc"], t[c, "lib"]
-        rows.append((c, min(p), max(p), min(i), max(i), min(lib) if lib else float("nan"),
-                     max(lib) if lib else float("nan"), min(p) - min(i)))
-    print_table([Col("command", "9"), Col("process s", "9.3f"), Col("(worst)", "7.3f"), Col("in-process", "10.3f"),
-                 Col("(worst)", "7.3f"), Col("library", "7.3f"), Col("(worst)", "7.3f"),
-                 Col("start-up+imports", "16.3f")], rows)
-    print("heaviest imports of `kvconv perfetto` (cumulative ms): " + ", ".join(
-        f"{n} {ms:.0f}" for n, ms in heaviest_imports(a.tree, argv("perfetto", dump, scratch))))
+            for k, tree in enumerate(trees):
+                t.setdefault((c, f"proc{k}"), []).append(process(tree, argv(c, dump, scratch)))
+            t.setdefault((c, "inproc"), []).append(in_process(argv(c, dump, scratch)))
+            _library_round(t, c, dump, scratch)
+    for k, tree in enumerate(trees):
+        print(f"tree {k} = {tree}: python -c pass {min(f[0] for f in floors[tree]):.3f} s; python -m kvconv --help "
+              f"{min(f[1] for f in floors[tree]):.3f} s")
+    _table(t, cmds, len(trees))
+    for tree in trees:
+        print(f"heaviest imports of `kvconv perfetto`, tree {tree} (cumulative ms): " + ", ".join(
+            f"{n} {ms:.0f}" for n, ms in heaviest_imports(tree, argv("perfetto", dump, scratch))))
+
+
+def _library_round(t: dict, c: str, dump: Path, scratch: Path) -> None:
+    """The library calls of one round: the converter alone, then with a separate validate after it (the CLI's work
+    before the verdict came from the converter's pass), then computing the verdict in its own pass."""
+    lib = library(c, dump, scratch)
+    if lib is None:
+        return
+    t.setdefault((c, "lib"), []).append(lib)
+    if c in ("perfetto", "chrome", "arrow"):
+        t.setdefault((c, "lib+validate"), []).append(lib + library("validate", dump, scratch))
+        t.setdefault((c, "lib verdict"), []).append(library(c, dump, scratch, verdict=True))
+
+
+def _table(t: dict, cmds: list, n_trees: int) -> None:
+    def cell(c, k):
+        v = t.get((c, k))
+        return f"{min(v):.3f} ({max(v):.3f})" if v else "-"
+
+    cols = [Col("command", "9")] + [Col(f"process tree {k}", ">15") for k in range(n_trees)] + [
+        Col("kvconv.cli.main", ">15")] + [Col(k, ">15") for k in LIB]
+    rows = [(c, *(cell(c, f"proc{k}") for k in range(n_trees)), cell(c, "inproc"), *(cell(c, k) for k in LIB))
+            for c in cmds]
+    print_table(cols, rows)
 
 
 def _out() -> Path:

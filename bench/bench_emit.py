@@ -29,7 +29,18 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+
+
+def _tree() -> Path:
+    """``--tree PATH``: the checkout whose kvconv this bench measures (default: its own), read before kvconv is
+    imported, so that one bench measures two trees' code alike (an A/B of commits in one window)."""
+    if "--tree" in sys.argv[:-1]:
+        return Path(sys.argv[sys.argv.index("--tree") + 1]).resolve()
+    return ROOT
+
+
+TREE = _tree()
+sys.path.insert(0, str(TREE))
 
 import numpy as np  # noqa: E402
 from _timing import best, quietness, timed  # noqa: E402
@@ -103,6 +114,9 @@ def main() -> None:
     ap.add_argument("--rss-only", action="store_true", help="skip the ratio runs")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary folder beside the repo)")
     ap.add_argument("--one-core", action="store_true", help="pin this process (baselines and ours) to one CPU")
+    ap.add_argument("--tree", default=None, help="measure the kvconv of this checkout (its kvconv/ and schemas/)")
+    ap.add_argument("--only", default="perfetto,chrome,arrow,reconcile",
+                    help="the measurements to run, of perfetto, chrome, arrow, reconcile")
     ap.add_argument("--child", nargs=3, metavar=("EMITTER", "DUMP", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -119,6 +133,9 @@ def main() -> None:
         os.sched_setaffinity(0, {cpu})
         print(f"pinned to CPU {cpu}: single-threaded figures (worker threads share the one core)")
     print(protobuf_line())
+    import kvconv
+
+    print(f"kvconv from {Path(kvconv.__file__).parent.parent}")
     print(quietness("start"))
     scratch = Path(a.dir or tempfile.mkdtemp(prefix="kvconv-bench-", dir=str(_out())))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -197,7 +214,7 @@ def encode_only_chrome(src: Path, reps: int):
 
 def cli_wall(args: list) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "kvconv", *args, "-q"], check=True, cwd=str(ROOT), capture_output=True)
+    subprocess.run([sys.executable, "-m", "kvconv", *args, "-q"], check=True, cwd=str(TREE), capture_output=True)
     return time.perf_counter() - t
 
 
@@ -225,16 +242,21 @@ def run(a, scratch: Path) -> None:
     print(f"reference: memory copy of the dump into a preallocated buffer {size / tcp / 1e9:.1f} GB/s")
     del buf, raw
     opts = EmitOptions(progress=False)
-    bench_perfetto(src, ev, nb, R, opts, scratch)
-    bench_chrome(src, ev, nb, R, opts, scratch)
-    bench_arrow(src, RA, opts, scratch)
-    t0 = time.perf_counter()
-    with dump.open(src) as d:
-        from kvconv.check import reconcile
+    only = a.only.split(",")
+    if "perfetto" in only:
+        bench_perfetto(src, ev, nb, R, opts, scratch)
+    if "chrome" in only:
+        bench_chrome(src, ev, nb, R, opts, scratch)
+    if "arrow" in only:
+        bench_arrow(src, RA, opts, scratch)
+    if "reconcile" in only:
+        t0 = time.perf_counter()
+        with dump.open(src) as d:
+            from kvconv.check import reconcile
 
-        reconcile.reconcile(d)
-    print(f"(kvconv.check.reconcile alone, the full report, not used by the emitters on this dump: "
-          f"{time.perf_counter() - t0:.3f} s)")
+            reconcile.reconcile(d)
+        print(f"(kvconv.check.reconcile alone, the full report, not used by the emitters on this dump: "
+              f"{time.perf_counter() - t0:.3f} s)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if a.rss:
         rss(a, scratch)
