@@ -6,11 +6,12 @@ process (imports done: what the process adds is start-up and imports) and the li
     .venv/bin/python /tmp/other/bench/bench_cli.py           # another tree (its kvconv/, schemas/, bench/): its code
 
 Commands: perfetto, chrome, arrow, validate, report (each ``-q``, output in a scratch folder beside the dump). Per
-command and round, interleaved (a busy moment of the machine hits every column alike): the process's wall time (of
-this tree, and of ``--other``'s), ``kvconv.cli.main`` in this process, and the library path: ``write_*`` alone,
-``write_*`` then ``validate()`` (what the converters' verdict line cost as a second pass), ``write_*`` with
-``EmitOptions(verdict=True)`` (the verdict from the converter's own pass), ``validate()``; best and worst of the
-rounds. Beside them: ``python -c pass`` and ``python -m kvconv --help`` (the floor every command
+command and round, interleaved (a busy moment of the machine hits every column alike): the process (of this tree,
+and of ``--other``'s: an A/B of two trees in one window), ``kvconv.cli.main`` in this process, and the library path:
+``write_*`` alone, ``write_*`` then ``validate()`` (what the converters' verdict line cost as a second pass),
+``write_*`` with ``EmitOptions(verdict=True)`` (the verdict from the converter's own pass), ``validate()``. Each
+cell: the best and worst wall time of the rounds and the best CPU time (user + system of every thread: what a loaded
+machine disturbs least). Beside them: ``python -c pass`` and ``python -m kvconv --help`` (the floor every command
 pays) and ``-X importtime``'s heaviest imports of one converter run. Load average and the memcpy probe before and
 after (bench/_timing.quietness): on a shared machine read the ratios, not the seconds.
 
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import io
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _table import Col, print_table  # noqa: E402
-from _timing import quietness, timed  # noqa: E402
+from _timing import quietness  # noqa: E402
 
 COMMANDS = ("perfetto", "chrome", "arrow", "validate", "report")
 OUT = {"perfetto": "t.pftrace", "chrome": "t.json", "arrow": "tables", "report": "r.html"}
@@ -48,33 +50,47 @@ def argv(cmd: str, dump: Path, scratch: Path) -> list[str]:
     return [cmd, str(dump), *out, "-q"]
 
 
-def process(tree: Path, args: list[str]) -> float:
-    """Wall seconds of ``python -m kvconv ARGS`` run from ``tree`` (its kvconv first on the path)."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def process(tree: Path, args: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``python -m kvconv ARGS`` run from ``tree`` (its kvconv first on the path); CPU: user +
+    system of the child, all its threads (on a loaded machine the steadier of the two)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     env.pop("KVCONV_DEBUG", None)
-    t = time.perf_counter()
+    c0, t = _children_cpu(), time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "kvconv", *args], cwd=str(tree), env=env, capture_output=True)
-    dt = time.perf_counter() - t
+    dt, cpu = time.perf_counter() - t, _children_cpu() - c0
     if p.returncode not in (0, 1, 4, 5):  # a verdict's status is no failure of the bench
         raise SystemExit(f"kvconv {' '.join(args)}: exit {p.returncode}: {p.stderr.decode()[-800:]}")
-    return dt
+    return dt, cpu
 
 
-def in_process(args: list[str]) -> float:
-    """Seconds of ``kvconv.cli.main(ARGS)`` in this process (stdout and stderr swallowed)."""
+def measured(f, *a, **k) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``f(*a, **k)`` in this process (CPU: every thread of the process)."""
+    c0, t = time.process_time(), time.perf_counter()
+    f(*a, **k)
+    return time.perf_counter() - t, time.process_time() - c0
+
+
+def in_process(args: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``kvconv.cli.main(ARGS)`` in this process (stdout and stderr swallowed)."""
     from kvconv.cli import main
 
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        t = time.perf_counter()
+    def go():
         try:
             main(args)
         except SystemExit:
             pass
-        return time.perf_counter() - t
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return measured(go)
 
 
-def library(cmd: str, dump: Path, scratch: Path, *, verdict: bool = False) -> float | None:
-    """Seconds of the library call under the command (None: report, whose page is the CLI's own work);
+def library(cmd: str, dump: Path, scratch: Path, *, verdict: bool = False) -> tuple[float, float] | None:
+    """(wall, CPU) seconds of the library call under the command (None: report, whose page is the CLI's own work);
     ``verdict``: a converter computing validate's verdict in its own pass (EmitOptions.verdict, what the CLI asks)."""
     from kvconv.check.validate import validate
     from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto
@@ -82,9 +98,9 @@ def library(cmd: str, dump: Path, scratch: Path, *, verdict: bool = False) -> fl
     f = {"perfetto": write_perfetto, "chrome": write_chrome, "arrow": write_arrow}.get(cmd)
     if f is not None:
         opts = EmitOptions(progress=False, force=True, verdict=verdict)
-        return timed(f, [str(dump)], scratch / OUT[cmd], options=opts)[0]
+        return measured(f, [str(dump)], scratch / OUT[cmd], options=opts)
     if cmd == "validate":
-        return timed(validate, str(dump))[0]
+        return measured(validate, str(dump))
     return None
 
 
@@ -93,7 +109,7 @@ def floor(tree: Path) -> tuple[float, float]:
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     bare = time.perf_counter() - t
-    return bare, process(tree, ["--help"])
+    return bare, process(tree, ["--help"])[0]
 
 
 def heaviest_imports(tree: Path, args: list[str], n: int = 8) -> list[tuple[str, float]]:
@@ -179,19 +195,24 @@ def _library_round(t: dict, c: str, dump: Path, scratch: Path) -> None:
         return
     t.setdefault((c, "lib"), []).append(lib)
     if c in ("perfetto", "chrome", "arrow"):
-        t.setdefault((c, "lib+validate"), []).append(lib + library("validate", dump, scratch))
+        v = library("validate", dump, scratch)
+        t.setdefault((c, "lib+validate"), []).append((lib[0] + v[0], lib[1] + v[1]))
         t.setdefault((c, "lib verdict"), []).append(library(c, dump, scratch, verdict=True))
 
 
 def _table(t: dict, cmds: list, n_trees: int) -> None:
     def cell(c, k):
         v = t.get((c, k))
-        return f"{min(v):.3f} ({max(v):.3f})" if v else "-"
+        if not v:
+            return "-"
+        wall, cpu = [x[0] for x in v], [x[1] for x in v]
+        return f"{min(wall):.3f} ({max(wall):.3f}) {min(cpu):.3f}"
 
-    cols = [Col("command", "9")] + [Col(f"process tree {k}", ">15") for k in range(n_trees)] + [
-        Col("kvconv.cli.main", ">15")] + [Col(k, ">15") for k in LIB]
+    cols = [Col("command", "9")] + [Col(f"process tree {k}", ">21") for k in range(n_trees)] + [
+        Col("kvconv.cli.main", ">21")] + [Col(k, ">21") for k in LIB]
     rows = [(c, *(cell(c, f"proc{k}") for k in range(n_trees)), cell(c, "inproc"), *(cell(c, k) for k in LIB))
             for c in cmds]
+    print("cells: best wall (worst wall) best CPU, seconds")
     print_table(cols, rows)
 
 
