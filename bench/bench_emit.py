@@ -119,12 +119,14 @@ def main() -> None:
     ap.add_argument("--tree", default=None, help="measure the kvconv of this checkout (its kvconv/ and schemas/)")
     ap.add_argument("--only", default="perfetto,chrome,arrow,reconcile",
                     help="the measurements to run, of perfetto, chrome, arrow, reconcile")
-    ap.add_argument("--child", nargs=3, metavar=("EMITTER", "DUMP", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--rss-verdict", action="store_true", help="the peak-RSS runs also with EmitOptions(verdict=True) "
+                    "(the CLI's: validate's checks in the converter's pass)")
+    ap.add_argument("--child", nargs=4, metavar=("EMITTER", "DUMP", "OUT", "VERDICT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        em, src, out = a.child
+        em, src, out, verdict = a.child
         f = {"perfetto": write_perfetto, "chrome": write_chrome, "arrow": write_arrow}[em]
-        t, r = timed(f, [src], out, options=EmitOptions(progress=False))
+        t, r = timed(f, [src], out, options=EmitOptions(progress=False, verdict=verdict == "1"))
         # VmHWM: this process's own peak (ru_maxrss would include the parent's RSS inherited at fork)
         hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
         print(json.dumps({"s": t, "events": r.written_events, "bytes": r.bytes_written, "maxrss_kib": hwm,
@@ -358,21 +360,28 @@ def rss(a, scratch: Path) -> None:
     print(f"generated {big.stat().st_size / 2**30:.2f} GiB dump ({n:,} events) in {t:.0f} s")
     try:
         for em in ("arrow", "perfetto", "chrome"):
-            out = scratch / f"huge.{em}"
-            p = subprocess.run([sys.executable, __file__, "--child", em, str(big), str(out)], capture_output=True,
-                               text=True)
-            if p.returncode:
-                print(f"{em}: failed: {p.stderr[-2000:]}")
-            else:
-                r = json.loads(p.stdout.strip().splitlines()[-1])
-                print(f"{em} on {big.stat().st_size / 2**30:.1f} GiB: peak RSS {r['maxrss_kib'] / 1024:.0f} MiB, "
-                      f"{r['s']:.0f} s, {r['events']:,} events, {r['bytes'] / 2**30:.2f} GiB written")
-            if out.is_dir():
-                shutil.rmtree(out, ignore_errors=True)
-            elif out.exists():
-                out.unlink()
+            for verdict in ("0", "1") if a.rss_verdict else ("0",):
+                _rss_child(a, em, big, scratch / f"huge.{em}", verdict)
     finally:
         big.unlink(missing_ok=True)
+
+
+def _rss_child(a, em: str, big: Path, out: Path, verdict: str) -> None:
+    cmd = [sys.executable, __file__, "--child", em, str(big), str(out), verdict]
+    if a.tree:
+        cmd += ["--tree", a.tree]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    what = f"{em}{' with the verdict' if verdict == '1' else ''}"
+    if p.returncode:
+        print(f"{what}: failed: {p.stderr[-2000:]}")
+    else:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        print(f"{what} on {big.stat().st_size / 2**30:.1f} GiB: peak RSS {r['maxrss_kib'] / 1024:.0f} MiB, "
+              f"{r['s']:.0f} s, {r['events']:,} events, {r['bytes'] / 2**30:.2f} GiB written")
+    if out.is_dir():
+        shutil.rmtree(out, ignore_errors=True)
+    elif out.exists():
+        out.unlink()
 
 
 if __name__ == "__main__":
