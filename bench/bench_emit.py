@@ -10,7 +10,9 @@ event) run on the first ``--baseline-events`` events and are scaled to events/s;
 to the same packets / events as ours for those events. Our emitters run on the whole dump, end to end (open, join,
 first pass, host records, slices, counters, the file write: what the CLI runs) and encode only (the device-event
 packets / lines alone). Arrow reports GB/s of dump input for the record tables, the join and the matches table
-separately, writing beside the input (same filesystem). Every timing is the best of ``--reps`` runs.
+separately, writing beside the input (same filesystem). Every timing is the best of ``--reps`` runs. Perfetto and
+Chrome also print the CPU ratio (CPU seconds of every thread of the process, baseline's per event over ours): on a
+machine shared with other work it moves less than the wall ratio, which is the target.
 """
 
 from __future__ import annotations
@@ -29,10 +31,21 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+
+
+def _tree() -> Path:
+    """``--tree PATH``: the checkout whose kvconv this bench measures (default: its own), read before kvconv is
+    imported, so that one bench measures two trees' code alike (an A/B of commits in one window)."""
+    if "--tree" in sys.argv[:-1]:
+        return Path(sys.argv[sys.argv.index("--tree") + 1]).resolve()
+    return ROOT
+
+
+TREE = _tree()
+sys.path.insert(0, str(TREE))
 
 import numpy as np  # noqa: E402
-from _timing import best, quietness, timed  # noqa: E402
+from _timing import best, best_cpu, quietness, timed  # noqa: E402
 
 from kvconv.emit import EmitOptions, write_arrow, write_chrome, write_perfetto  # noqa: E402
 from kvconv.format import dump  # noqa: E402
@@ -103,12 +116,17 @@ def main() -> None:
     ap.add_argument("--rss-only", action="store_true", help="skip the ratio runs")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary folder beside the repo)")
     ap.add_argument("--one-core", action="store_true", help="pin this process (baselines and ours) to one CPU")
-    ap.add_argument("--child", nargs=3, metavar=("EMITTER", "DUMP", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--tree", default=None, help="measure the kvconv of this checkout (its kvconv/ and schemas/)")
+    ap.add_argument("--only", default="perfetto,chrome,arrow,reconcile",
+                    help="the measurements to run, of perfetto, chrome, arrow, reconcile")
+    ap.add_argument("--rss-verdict", action="store_true", help="the peak-RSS runs also with EmitOptions(verdict=True) "
+                    "(the CLI's: validate's checks in the converter's pass)")
+    ap.add_argument("--child", nargs=4, metavar=("EMITTER", "DUMP", "OUT", "VERDICT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        em, src, out = a.child
+        em, src, out, verdict = a.child
         f = {"perfetto": write_perfetto, "chrome": write_chrome, "arrow": write_arrow}[em]
-        t, r = timed(f, [src], out, options=EmitOptions(progress=False))
+        t, r = timed(f, [src], out, options=EmitOptions(progress=False, verdict=verdict == "1"))
         # VmHWM: this process's own peak (ru_maxrss would include the parent's RSS inherited at fork)
         hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
         print(json.dumps({"s": t, "events": r.written_events, "bytes": r.bytes_written, "maxrss_kib": hwm,
@@ -119,6 +137,9 @@ def main() -> None:
         os.sched_setaffinity(0, {cpu})
         print(f"pinned to CPU {cpu}: single-threaded figures (worker threads share the one core)")
     print(protobuf_line())
+    import kvconv
+
+    print(f"kvconv from {Path(kvconv.__file__).parent.parent}")
     print(quietness("start"))
     scratch = Path(a.dir or tempfile.mkdtemp(prefix="kvconv-bench-", dir=str(_out())))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -197,7 +218,7 @@ def encode_only_chrome(src: Path, reps: int):
 
 def cli_wall(args: list) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "kvconv", *args, "-q"], check=True, cwd=str(ROOT), capture_output=True)
+    subprocess.run([sys.executable, "-m", "kvconv", *args, "-q"], check=True, cwd=str(TREE), capture_output=True)
     return time.perf_counter() - t
 
 
@@ -225,16 +246,21 @@ def run(a, scratch: Path) -> None:
     print(f"reference: memory copy of the dump into a preallocated buffer {size / tcp / 1e9:.1f} GB/s")
     del buf, raw
     opts = EmitOptions(progress=False)
-    bench_perfetto(src, ev, nb, R, opts, scratch)
-    bench_chrome(src, ev, nb, R, opts, scratch)
-    bench_arrow(src, RA, opts, scratch)
-    t0 = time.perf_counter()
-    with dump.open(src) as d:
-        from kvconv.check import reconcile
+    only = a.only.split(",")
+    if "perfetto" in only:
+        bench_perfetto(src, ev, nb, R, opts, scratch)
+    if "chrome" in only:
+        bench_chrome(src, ev, nb, R, opts, scratch)
+    if "arrow" in only:
+        bench_arrow(src, RA, opts, scratch)
+    if "reconcile" in only:
+        t0 = time.perf_counter()
+        with dump.open(src) as d:
+            from kvconv.check import reconcile
 
-        reconcile.reconcile(d)
-    print(f"(kvconv.check.reconcile alone, the full report, not used by the emitters on this dump: "
-          f"{time.perf_counter() - t0:.3f} s)")
+            reconcile.reconcile(d)
+        print(f"(kvconv.check.reconcile alone, the full report, not used by the emitters on this dump: "
+              f"{time.perf_counter() - t0:.3f} s)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if a.rss:
         rss(a, scratch)
@@ -245,10 +271,10 @@ def bench_perfetto(src: Path, ev: np.ndarray, nb: int, R: int, opts, scratch: Pa
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
     N = len(ev)
-    tb, tbw, ref = best(R, baseline_perfetto, ev, nb)
+    tb, tbw, cb, ref = best_cpu(R, baseline_perfetto, ev, nb)
     rb = nb / tb
     out = scratch / "b.pftrace"
-    tm, tmw, res = best(R, write_perfetto, [src], out, options=opts, before=lambda: rm(out))
+    tm, tmw, cm, res = best_cpu(R, write_perfetto, [src], out, options=opts, before=lambda: rm(out))
     tr = pb.Trace()
     tr.ParseFromString(out.read_bytes())
     mine = Counter(p.SerializeToString() for p in tr.packet if p.trusted_packet_sequence_id == 2
@@ -263,7 +289,8 @@ def bench_perfetto(src: Path, ev: np.ndarray, nb: int, R: int, opts, scratch: Pa
     print(f"perfetto: TraceProtoBuilder {rb / 1e6:.3f} M ev/s ({tb:.2f} s [{tbw:.2f}] for {nb:,}); "
           f"kvconv end to end {rm_ / 1e6:.2f} M ev/s ({tm:.3f} s [{tmw:.3f}], {res.bytes_written / 2**20:.1f} MiB, "
           f"{res.flows:,} flows, join {res.join[0]}) -> ratio {rm_ / rb:.1f}x (target 40x); encode only "
-          f"{N / te / 1e6:.2f} M ev/s ({te:.3f} s) -> {N / te / rb:.1f}x; baseline packets found in ours: {same}")
+          f"{N / te / 1e6:.2f} M ev/s ({te:.3f} s) -> {N / te / rb:.1f}x; baseline packets found in ours: {same}; "
+          f"CPU seconds (every thread) {cb:.2f} for {nb:,} / {cm:.3f} -> CPU ratio {N / cm / (nb / cb):.1f}x")
     print(f"perfetto: CLI process wall time (Python start-up and imports included) "
           f"{cli_wall(['perfetto', str(src), '-o', str(scratch / 'c.pftrace')]):.2f} s")
     rm(out)
@@ -273,10 +300,10 @@ def bench_perfetto(src: Path, ev: np.ndarray, nb: int, R: int, opts, scratch: Pa
 def bench_chrome(src: Path, ev: np.ndarray, nb: int, R: int, opts, scratch: Path) -> None:
     """Chrome JSON end to end (write_chrome) and encode only against json.dump on the first ``nb`` events."""
     N = len(ev)
-    tb, tbw, ref_ev = best(R, baseline_chrome, ev, nb)
+    tb, tbw, cb, ref_ev = best_cpu(R, baseline_chrome, ev, nb)
     rb = nb / tb
     out = scratch / "b.json"
-    tm, tmw, res = best(R, write_chrome, [src], out, options=opts, before=lambda: rm(out))
+    tm, tmw, cm, res = best_cpu(R, write_chrome, [src], out, options=opts, before=lambda: rm(out))
     doc = json.loads(out.read_text())
     with dump.open(src) as d:
         ctx_pairs = d.records("clock_sync")
@@ -299,7 +326,8 @@ def bench_chrome(src: Path, ev: np.ndarray, nb: int, R: int, opts, scratch: Path
     print(f"chrome: json.dump {rb / 1e6:.3f} M ev/s ({tb:.2f} s [{tbw:.2f}] for {nb:,}); kvconv end to end "
           f"{rm_ / 1e6:.2f} M ev/s ({tm:.3f} s [{tmw:.3f}], {res.bytes_written / 2**20:.1f} MiB with "
           f"{res.flows:,} flow starts and ends) -> ratio {rm_ / rb:.1f}x (target 40x); encode only "
-          f"{N / te / 1e6:.2f} M ev/s ({te:.3f} s) -> {N / te / rb:.1f}x; baseline events parse equal: {ok}")
+          f"{N / te / 1e6:.2f} M ev/s ({te:.3f} s) -> {N / te / rb:.1f}x; baseline events parse equal: {ok}; "
+          f"CPU seconds (every thread) {cb:.2f} for {nb:,} / {cm:.3f} -> CPU ratio {N / cm / (nb / cb):.1f}x")
     rm(out)
 
 
@@ -332,21 +360,28 @@ def rss(a, scratch: Path) -> None:
     print(f"generated {big.stat().st_size / 2**30:.2f} GiB dump ({n:,} events) in {t:.0f} s")
     try:
         for em in ("arrow", "perfetto", "chrome"):
-            out = scratch / f"huge.{em}"
-            p = subprocess.run([sys.executable, __file__, "--child", em, str(big), str(out)], capture_output=True,
-                               text=True)
-            if p.returncode:
-                print(f"{em}: failed: {p.stderr[-2000:]}")
-            else:
-                r = json.loads(p.stdout.strip().splitlines()[-1])
-                print(f"{em} on {big.stat().st_size / 2**30:.1f} GiB: peak RSS {r['maxrss_kib'] / 1024:.0f} MiB, "
-                      f"{r['s']:.0f} s, {r['events']:,} events, {r['bytes'] / 2**30:.2f} GiB written")
-            if out.is_dir():
-                shutil.rmtree(out, ignore_errors=True)
-            elif out.exists():
-                out.unlink()
+            for verdict in ("0", "1") if a.rss_verdict else ("0",):
+                _rss_child(a, em, big, scratch / f"huge.{em}", verdict)
     finally:
         big.unlink(missing_ok=True)
+
+
+def _rss_child(a, em: str, big: Path, out: Path, verdict: str) -> None:
+    cmd = [sys.executable, __file__, "--child", em, str(big), str(out), verdict]
+    if a.tree:
+        cmd += ["--tree", a.tree]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    what = f"{em}{' with the verdict' if verdict == '1' else ''}"
+    if p.returncode:
+        print(f"{what}: failed: {p.stderr[-2000:]}")
+    else:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        print(f"{what} on {big.stat().st_size / 2**30:.1f} GiB: peak RSS {r['maxrss_kib'] / 1024:.0f} MiB, "
+              f"{r['s']:.0f} s, {r['events']:,} events, {r['bytes'] / 2**30:.2f} GiB written")
+    if out.is_dir():
+        shutil.rmtree(out, ignore_errors=True)
+    elif out.exists():
+        out.unlink()
 
 
 if __name__ == "__main__":

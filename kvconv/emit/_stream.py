@@ -65,6 +65,7 @@ class Ctx:
     verified: bool = False  # a whole pass has checked every device-event group's checksum
     salvage: bool = False  # --salvage: a checksum mismatch is said (warn) and the records converted anyway
     warn: object = None
+    checks: object = None  # kvconv.emit._checks.Checks of the dump (EmitOptions.verdict): fed by the first whole walk
 
     @property
     def release(self) -> bool:
@@ -97,6 +98,18 @@ class Ctx:
         check each group's payload checksum, once: the first pass that runs to the end does it (beside the
         caller's work, on another core), later passes trust it."""
         verify = verify and not self.verified
+        walk = self.checks.begin(self.context_id, verifying=verify) if self.checks is not None else None
+        try:
+            yield from self._walk(size, verify, sub, walk)
+            if walk is not None:
+                walk.end()
+                walk = None
+        finally:
+            if walk is not None:  # stopped before the end: a later walk feeds the checks
+                walk.abandon()
+        self.verified = self.verified or verify
+
+    def _walk(self, size: int, verify: bool, sub: int | None, walk):
         base = 0
         mm = getattr(self.dump, "_mm", None)
         pool = worker("crc") if verify else None
@@ -108,6 +121,8 @@ class Ctx:
                     fut = pool.submit(_crc_after, view.view(np.uint8), fut)
                 step = sub or max(len(view), 1)
                 for a in range(0, max(len(view), 1), step):
+                    if walk is not None:  # validate's checks of the slice, while it is in cache
+                        walk.chunk(g, s + a, base + s + a, view[a : a + step])
                     yield base + s + a, view[a : a + step]
                 if self.release and mm is not None:
                     if fut is not None:
@@ -120,11 +135,12 @@ class Ctx:
                         except (OSError, ValueError, AttributeError):
                             pass
             crc = fut.result() if fut is not None else 0
+            if walk is not None:
+                walk.group_end(g, crc if verify else None)
             # a live group (a producer that died: no checksum summed) or a cut-short one has none to compare
             if verify and g.checksummed and crc != int(g.header["payload_crc32"]):
                 checksum_mismatch(self.dump, g, salvage=self.salvage, warn=self.warn)
             base += len(g.records)
-        self.verified = self.verified or verify
 
     def match_runs(self, first: int, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The join of a chunk as runs: ``(starts, host row of each run)`` (-1: unmatched). Device events come in

@@ -30,6 +30,7 @@ class EmitOptions:
     progress: show a progress bar (None: only when stderr is a terminal).
     arrow_format: "arrow" (IPC files) or "parquet"; compression: None, "lz4" or "zstd".
     salvage: read dumps cut short up to their last whole record (the loss is reported as a warning).
+    verdict: also check the dumps as kvconv validate does, in the same pass: ``EmitResult.verdicts``.
     """
 
     chunk: int = 1 << 18
@@ -45,6 +46,9 @@ class EmitOptions:
     compression: str | None = None
     salvage: bool = False
     force: bool = False  # replace an existing output (kvconv.atomic.check_output says what is never replaced)
+    # kvconv validate's report of each dump in EmitResult.verdicts, from the chunks the conversion reads (one pass;
+    # kvconv.emit._checks); off for library callers, who did not ask for the checks' time
+    verdict: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
@@ -77,6 +81,8 @@ class EmitResult:
     alignment: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)  # seconds per phase (arrow: join, record_tables, matches)
+    # EmitOptions.verdict: per dump, in input order, kvconv validate's Report (kvconv.check.validate.Report)
+    verdicts: list = field(default_factory=list)
 
 
 def parse_range(text: str | None, *, what: str, cast=float):
