@@ -17,7 +17,8 @@ app = typer.Typer()
 # The command is what follows the options: everything after ``--`` (or after the first word that is not an option)
 # is passed on as it is; before it, an unknown option is a usage error ("No such option: --kernal", exit 2), not the
 # name of a command to run.
-@app.command(context_settings={"allow_extra_args": True, "allow_interspersed_args": False})
+@app.command(context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
+             options_metavar="[OPTIONS] -- CMD ARGS...")
 def record(
     ctx: typer.Context,
     kernel: list[str] | None = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
@@ -113,14 +114,12 @@ def _report_dump(p: str, rep) -> int | None:
                  else [f.line() for f in rep.findings if f.severity != "info"]):
         sys.stdout.write(demangle_text(text) + "\n")  # kernel names demangled, as kvconv validate's text
     # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
+    from kvconv.check.verdict import EXIT_CODES, LABELS
+
     v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
-    word = _VERDICT_WORD.get(v, v) if v != "nothing-checked" else "NOTHING CHECKED (no target kernel ran here)"
+    word = LABELS[v] + (" (no target kernel ran here)" if v == "nothing-checked" else "")
     sys.stdout.write(f"{p}{who}: {word}\n")
-    return getattr(rep, "exit_code", 0 if rep.valid else 1)
-
-
-_VERDICT_WORD = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED", "incomplete": "INCOMPLETE",
-                 "unreadable": "UNREADABLE"}
+    return EXIT_CODES[v]
 
 
 def record_events(option: str | None) -> str:

@@ -134,16 +134,17 @@ def _ranks(doc: _Doc, profiles: list, cross: dict | None) -> None:
                    for j, (st, sl, b) in enumerate(zip(e["skew_ns"], e["last_node_skew_ns"], e["bound_ns"]), 1)])
 
 
-_VERDICT = {"ok": ("ok", "ok: every check ran and found no error"),
-            "failed": ("bad", "FAILED: evidence of a fault"),
-            "incomplete": ("warn", "INCOMPLETE: the producer died or was killed; what it published is consistent"),
-            "nothing-checked": ("warn", "NOTHING CHECKED: no target launch traced and no canary step recorded"),
-            "unreadable": ("bad", "UNREADABLE")}
+def _verdict_head(verdict: str) -> tuple[str, str]:
+    """The style and the headline of a verdict (kvconv.check.verdict's words and meaning)."""
+    from kvconv.check.verdict import MEANS, RANK, STATES
+
+    style = "ok" if RANK[verdict] == 0 else "bad" if RANK[verdict] >= RANK["failed"] else "warn"
+    return style, f"{STATES[verdict]}: {MEANS[verdict]}"
 
 
 def _verdict(doc: _Doc, v: dict) -> None:
     """The dump's one verdict and its incidents (request, step, slot, caches where the cause names them)."""
-    cls, text = _VERDICT[v["verdict"]]
+    cls, text = _verdict_head(v["verdict"])
     doc.add(f'<div class="agree {cls}" data-verdict="{_e(v["verdict"])}">verdict: {_e(text)} '
             f'({v["errors"]:,} errors, {v["warnings"]:,} warnings; exit {v["exit_code"]})</div>')
     inc = v["incidents"]
