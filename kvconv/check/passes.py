@@ -9,8 +9,9 @@ object and the incidents it builds from its findings (:mod:`kvconv.check.verdict
     >>> [p.name for p in registry()]
     ['structure', 'metadata', 'kernels', 'clock_sync', 'launches', 'canary', 'writes', 'values']
 
-A new check: a function ``fn(st: Checking) -> PassResult`` named by its kind's ``validate`` fact
-(docs/DEVELOPING.md); tests/test_kinds.py checks that validate reaches it.
+A new check of a kind's records: ``check(d, c)`` (findings through the collector ``c``) or, for a pass that groups
+its findings into incidents or hands on a result, ``fn(st: Checking) -> PassResult``, named by the kind's
+``validate`` fact (docs/DEVELOPING.md); tests/test_kinds.py checks that validate reaches it.
 """
 
 from __future__ import annotations
@@ -83,9 +84,26 @@ def registry() -> tuple[Pass, ...]:
             named.setdefault(k.validate, []).append(k.name)
     out = [Pass("structure", structure, ())]
     for spec, kinds in named.items():
-        fn = layout.resolve_hook(spec)
-        out.append(Pass(spec.partition(":")[2], fn, tuple(kinds)))
+        module, _, function = spec.partition(":")
+        name = function if module == __name__ else module.rpartition(".")[2]
+        out.append(Pass(name, _as_pass(name, layout.resolve_hook(spec)), tuple(kinds)))
     return tuple(out)
+
+
+def _as_pass(name: str, fn: Callable) -> Callable[[Checking], PassResult | None]:
+    """A kind's hook as a pass: ``fn(st) -> PassResult``, or a check of the kind's records ``check(d, c)`` reporting
+    through the collector ``c`` (``c.add`` / ``c.mask``; docs/DEVELOPING.md), its findings its pass's."""
+    import inspect
+
+    if len(inspect.signature(fn).parameters) != 2:
+        return fn
+
+    def run(st: Checking) -> PassResult:
+        c = _Collector(st.path)
+        fn(st.d, c)
+        return PassResult(name, c.out)
+
+    return run
 
 
 def run_all(st: Checking) -> None:

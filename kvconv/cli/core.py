@@ -162,7 +162,7 @@ def info(
     payload checksums, and state its verdict (kvconv validate's, last line; JSON: verdict). Exit 0 readable and
     intact, whatever the verdict, 1 a checksum does not match, 2 unreadable (the verdict's status: kvconv validate).
 
-    Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
+    Example: kvconv info run.kvdump --json
     """
     from kvconv.progress import ProgressOptions  # numpy etc.: imported by the commands that run, not by --help
     from kvconv.run import RunOptions
@@ -190,7 +190,7 @@ def validate(
     give one verdict: exit 0 ok, 1 failed (errors), 2 unreadable, 4 nothing checked, 5 incomplete (the producer
     died). Findings of one cause are one incident line; --all and --json keep every finding.
 
-    Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
+    Example: kvconv validate run.kvdump
     """
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions
@@ -213,7 +213,7 @@ def demo(
     one new folder (built beside it, in place once complete). A rerun replaces kvconv's own earlier demo; a folder
     holding anything else is refused, even with --force.
 
-    Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
+    Example: kvconv demo -o kvconv-demo   (then open kvconv-demo/qwen3-14b.pftrace in ui.perfetto.dev)
     """
     from kvconv.demo.run import run
 

@@ -114,12 +114,14 @@ def command(fmt: Format):
 
     def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, as_json, fmt_=fmt, **kind) -> None:
         import kvconv
+        from kvconv.cli import interrupt
         from kvconv.cli.common import Outcome, finish, print_json, verdict_warnings
         from kvconv.format.errors import KvconvError, UsageError
         from kvconv.run import RunOptions
 
         if as_json and out == "-":
             raise UsageError("--json prints its document on stdout: give -o PATH for the output", code="bad-output")
+        interrupt.output(out)  # a signal once it is in place keeps it, and says so
         the_run = kvconv.open(dumps, options=RunOptions(salvage=salvage))
         try:
             res = _write(the_run, out, reconcile, chunk, progress, force, quiet or as_json, fmt_, kind)

@@ -65,6 +65,7 @@ def report_cmd(
     """
     import kvconv
     from kvconv.atomic import check_output
+    from kvconv.cli import interrupt
     from kvconv.cli.common import Outcome, envelope, finish, print_json, verdict_warnings
     from kvconv.format.errors import KvconvError, UsageError
     from kvconv.progress import ProgressOptions
@@ -76,6 +77,7 @@ def report_cmd(
     if as_json and output == "-":
         raise UsageError("--json prints its document on stdout: give -o PATH for the page", code="bad-output")
     check_output(output, inputs=dump_paths, kind="report", force=force)
+    interrupt.output(output)  # a signal once it is in place keeps it, and says so
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
     for dr in run.dumps:
         try:
