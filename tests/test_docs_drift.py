@@ -50,7 +50,15 @@ def demo(tmp_path_factory):
     where = tmp_path_factory.mktemp("demo")
     r = run_cli("demo", "-o", "kvconv-demo", cwd=where)
     assert r.returncode == 0, r.stderr
-    return where / "kvconv-demo" / "qwen3-14b.kvdump"
+    yield where / "kvconv-demo" / "qwen3-14b.kvdump"
+    shutil.rmtree(where, ignore_errors=True)  # the suite's temporary space is bounded (conftest)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """An example's folder, emptied after it (each holds copies of the demo's dump and what the example wrote)."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _stage(folder, command: str, example: str, dump) -> None:
@@ -79,7 +87,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("command,example", EXAMPLES, ids=[f"{c}:{e[:40]}" for c, e in EXAMPLES])
-def test_help_example_runs(command, example, demo, tmp_path):
+def test_help_example_runs(command, example, demo, folder):
+    tmp_path = folder
     example = example.split("   (")[0]  # "kvconv demo -o DIR   (then open ...)": the command, not the remark
     assert example.startswith("kvconv ")
     _stage(tmp_path, command, example, demo)

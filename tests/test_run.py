@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -26,7 +27,8 @@ def demo(tmp_path_factory):
     where = tmp_path_factory.mktemp("notebook")
     r = run_cli("demo", "-o", "demo", cwd=where)
     assert r.returncode == 0, r.stderr
-    return where
+    yield where
+    shutil.rmtree(where, ignore_errors=True)  # the suite's temporary space is bounded (conftest)
 
 
 def test_readme_notebook_example_runs_against_the_demo(demo, capsys):

@@ -82,44 +82,44 @@ def coverage(d, *, canary_steps: int, write_steps: int) -> Finding | None:
     (``loaded_kernels``), the closest ones."""
     if canary_steps or write_steps or any(len(g.records) for g in d.groups_of("value_digest")):  # value canary
         return None
-    try:
-        meta = d.metadata()
-    except Exception:  # noqa: BLE001 - unreadable metadata is validate's own finding
-        meta = {}
-    meta = meta if isinstance(meta, dict) else {}
-    counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else None
-    launches = patched = None
-    if counters is not None:
-        launches, patched = counters.get("target_launches"), counters.get("modules_patched")
-    recorded = sum(len(g.records) for k in ("graph_node", "eager_launch", "device_event") for g in d.groups_of(k))
+    meta = _metadata(d)
+    counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else {}
+    launches, patched = counters.get("target_launches"), counters.get("modules_patched")
     if launches is not None or patched is not None:
         empty = launches == 0 or patched == 0
     else:
-        empty = recorded == 0
+        empty = not any(len(g.records) for k in ("graph_node", "eager_launch", "device_event") for g in d.groups_of(k))
     if not empty:
         return None
-    pats = [str(p) for p in meta.get("target_kernels") or []]
-    what = []
-    if launches is not None:
-        what.append(f"{launches:,} target launches")
-    if patched is not None:
-        what.append(f"{patched:,} patched modules")
-    if not what:
-        what.append("no host launch record and no device event")
-    msg = f"nothing was checked: {', '.join(what)}, no canary or write step"
-    if pats:
-        msg += "; no kernel matched " + " or ".join(repr(p) for p in pats)
-        loaded = [str(k) for k in meta.get("loaded_kernels") or [] if isinstance(k, str)]
-        dropped = meta.get("loaded_kernels_dropped")
-        seen = len(loaded) + (dropped if isinstance(dropped, int) and dropped > 0 else 0)
-        close = closest(pats, loaded)
-        if close:
-            msg += "; loaded kernels close to it: " + ", ".join(close)
-        elif loaded:
-            msg += f"; none of the {seen:,} loaded kernels is close to it"
+    what = [f"{n:,} {noun}" for n, noun in ((launches, "target launches"), (patched, "patched modules"))
+            if n is not None] or ["no host launch record and no device event"]
+    msg = f"nothing was checked: {', '.join(what)}, no canary or write step" + _unmatched(meta)
     mg = d.groups_of("metadata")
     return Finding("warning", "coverage-none", msg, path=d.path, group=mg[0].index if mg else None,
                    offset=mg[0].payload_offset if mg else None, field="metadata.counters" if counters else None)
+
+
+def _metadata(d) -> dict:
+    try:
+        meta = d.metadata()
+    except Exception:  # noqa: BLE001 - unreadable metadata is validate's own finding
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _unmatched(meta: dict) -> str:
+    """What the coverage finding says of the ``-k`` patterns: none matched, and the loaded kernels close to them."""
+    pats = [str(p) for p in meta.get("target_kernels") or []]
+    if not pats:
+        return ""
+    msg = "; no kernel matched " + " or ".join(repr(p) for p in pats)
+    loaded = [str(k) for k in meta.get("loaded_kernels") or [] if isinstance(k, str)]
+    dropped = meta.get("loaded_kernels_dropped")
+    seen = len(loaded) + (dropped if isinstance(dropped, int) and dropped > 0 else 0)
+    close = closest(pats, loaded)
+    if close:
+        return msg + "; loaded kernels close to it: " + ", ".join(close)
+    return msg + (f"; none of the {seen:,} loaded kernels is close to it" if loaded else "")
 
 
 def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float = 0.6) -> list[str]:
