@@ -4,7 +4,20 @@
     >>> kvconv.__version__
     '0.1.0'
 
-Modules: ``dump`` (open/new), ``validate``, ``reconcile``, ``canary``, ``emit`` (perfetto, chrome, arrow), ``record``.
+    >>> run = kvconv.open("run.kvdump")          # doctest: +SKIP
+    >>> run.verdict, run.table("launch").num_rows  # doctest: +SKIP
+    ('ok', 1320)
+
+``kvconv.open`` (:mod:`kvconv.run`) is the centre: every command renders a Run. Below it: ``format`` (the reader and
+writer), ``check`` (the passes and the verdict), ``emit`` (perfetto, chrome, arrow), ``capture`` (record, probe).
 """
 
 __version__ = "0.1.0"
+
+
+def open(paths, *, options=None):  # noqa: A001 - kvconv.open, as Perfetto's TraceProcessor(trace) opens a trace
+    """The run of one dump or of several (one engine run's processes): a :class:`kvconv.run.Run`, whose readers,
+    checks, verdict, tables and converters are computed when first asked for (README.md, "From Python")."""
+    from kvconv.run import Run, RunOptions
+
+    return Run(paths, options=options if options is not None else RunOptions())

@@ -320,9 +320,9 @@ def validate_dump(path: str):
     """kvconv.check.validate on one dump; where it cannot run (e.g. jsonschema missing on a GPU image), a structural
     read with :func:`kvconv.format.dump.open` and a warning saying so."""
     try:
-        from kvconv.check.validate import ValidateOptions, validate
+        import kvconv
 
-        return validate(path, options=ValidateOptions())
+        return kvconv.open(path).dumps[0].validation
     except ModuleNotFoundError as e:
         from kvconv.format import dump
         from kvconv.format.findings import Finding

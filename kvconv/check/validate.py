@@ -5,16 +5,19 @@
     >>> report.valid, report.exit_code                                 # doctest: +SKIP
     (True, 0)
 
-Three layers, all vectorised over the mmap'd records:
-- structure (kvconv.format.dump.scan): magic, versions, header checksums, sizes against the file, payload checksums;
+The checks are the passes of :mod:`kvconv.check.passes`, a registry derived from schemas/layouts.json (each record
+kind names the pass that checks it), all vectorised over the mmap'd records:
+- structure (kvconv.format.dump.scan and the ``structure`` pass): magic, versions, header checksums, sizes against
+  the file, payload checksums;
 - schema: header fields, the metadata JSON against schemas/metadata.schema.json, record enums, flags and ranges;
 - semantics: sequence gaps and duplicates, %globaltimer going backwards, drops, kernel slots missing from the kernel
-  table, blockIdx outside its launch's grid, and the reconciler's, the location canary's and the write-address
-  canary's findings;
+  table, blockIdx outside its launch's grid, and the reconciler's, the location canary's, the write-address canary's
+  and the value canary's findings;
 - coverage: nothing traced and nothing checked (``coverage-none``).
 
-One verdict (:mod:`kvconv.check.verdict`): ok, failed, incomplete, nothing-checked, unreadable; its exit status from
-schemas/codes.json ``verdicts`` (0, 1, 5, 4, 2). ``Report.incidents``: the findings grouped by cause.
+One verdict (:mod:`kvconv.check.verdict`, the only module that judges): ok, failed, incomplete, nothing-checked,
+unreadable; its exit status from schemas/codes.json ``verdicts``. ``Report.incidents``: the findings grouped by cause
+(each pass groups its own).
 """
 
 from __future__ import annotations
@@ -22,24 +25,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kvconv.check._collect import _Collector, _crc_finding
-from kvconv.check.validate_events import _check_device_events, _ContextView, _grid_tables, _Pages
-from kvconv.check.validate_records import (
-    _check_clock_sync,
-    _check_headers,
-    _check_host_launches,
-    _check_kernels,
-    _check_metadata,
-)
-from kvconv.format import codes, layout
+from kvconv.format import codes
 from kvconv.format import dump as dumpmod
 from kvconv.format.errors import KvconvError
 from kvconv.format.findings import Finding
 
-# The checks live in rooms of their own (kvconv.check.validate_records, kvconv.check.validate_events); the record
-# kinds' hooks name them here (schemas/layouts.json "validate": "kvconv.check.validate:_check_...").
-__all__ = ["ValidateOptions", "Report", "validate", "UNREADABLE", "_check_metadata", "_check_kernels",
-           "_check_device_events", "_check_host_launches", "_check_clock_sync", "_Collector"]
+__all__ = ["ValidateOptions", "Report", "validate", "UNREADABLE"]
 
 # Structural problems after which the file cannot be read as a whole (exit 2): schemas/codes.json's "unreadable".
 UNREADABLE = codes.UNREADABLE
@@ -48,12 +39,14 @@ UNREADABLE = codes.UNREADABLE
 @dataclass(frozen=True)
 class ValidateOptions:
     """relaxed_reconcile: report the reconciler's mismatches as warnings (e.g. for a dump known to start late).
-    reconcile / canary: include those checks. salvage: read a cut-short dump up to its last whole record."""
+    reconcile / canary: include those checks. salvage: read a cut-short dump up to its last whole record.
+    missing_writes: the location canary reports expected pages that did not change (kvconv.check.canary)."""
 
     reconcile: bool = True
     relaxed_reconcile: bool = False
     canary: bool = True
     salvage: bool = False
+    missing_writes: bool = True
 
 
 @dataclass
@@ -63,6 +56,7 @@ class Report:
     groups: int = 0
     size: int = 0
     incidents: list[dict] = field(default_factory=list)  # kvconv.check.verdict.incidents: findings by cause
+    passes: dict = field(default_factory=dict, repr=False)  # name -> kvconv.check.passes.PassResult, in order
 
     @property
     def errors(self) -> int:
@@ -109,114 +103,42 @@ class Report:
 
 
 def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOptions(), progress=None) -> Report:
-    """Validate one dump file and return a :class:`Report` with every finding. The device events are read once:
-    the reconciler's streaming pass takes each chunk beside the checks. ``progress(done, total)``: bytes of the
-    file (:mod:`kvconv.progress`)."""
+    """Validate one dump file and return a :class:`Report` with every finding: the passes of
+    :func:`kvconv.check.passes.registry` that the dump's groups allow, then the verdict's coverage and incidents.
+    ``progress(done, total)``: bytes of the file (:mod:`kvconv.progress`)."""
+    from kvconv.check import passes, verdict
+    from kvconv.check.validate_events import _Pages
+
     path = str(path)
     rep = Report(path=path)
     try:
-        # Checksums are computed below, in the same pass as the record checks.
+        # Checksums are computed by the passes, in the same pass over the records as their checks.
         d = dumpmod.scan(path, options=dumpmod.ReadOptions(salvage=options.salvage, verify_checksums=False))
     except KvconvError as e:
         rep.findings.append(Finding.from_error(e))
         rep.incidents = [_one(f) for f in rep.findings]
         return rep
     with d:
-        rep.size = d.size
-        rep.groups = len(d.groups)
-        rep.findings.extend(d.problems)
-        c = _Collector(path)
-        _check_headers(d, c)
-        _check_metadata(d, c)
-        slots_by_ctx = _check_kernels(d, c)
-        have_table = bool(d.groups_of("kernel"))
-        if not have_table and (d.groups_of("device_event") or d.groups_of("graph_node")):
-            c.add("warning", "no-kernel-table", "no kernel table: kernel slots cannot be named", field="kernel")
-        rc = _reconciler(d, options) if options.reconcile and not rep.unreadable else None
-        pages = _Pages(d, progress)
-        rc_error = None
-        for ctx, _dev in d.contexts():
-            slots = slots_by_ctx.get(ctx, set()) if have_table else None
-            sub = _ContextView(d, ctx)
-            s = rc.stream(ctx) if rc is not None and ctx in rc.contexts else None
-            _check_device_events(sub, c, slots, _grid_tables(d, ctx, s.t if s is not None else None),
-                                 feed=s.feed if s is not None else None, pages=pages)
-            if s is not None:
-                try:
-                    rc.close(ctx)
-                except Exception as e:  # noqa: BLE001 - damaged records: raised below only if the file is sound
-                    rc_error = rc_error or e
-            _check_host_launches(sub, c, slots, pages)
-        release = (lambda off, n: dumpmod.release_pages(d._mm, off, n)) if pages.release else None
-        for g in d.groups:
-            if g.kind_name != "device_event" and not g.lost_records and not g.crc_ok(release=release):
-                _crc_finding(c, g)
-        _check_clock_sync(d, c)
-        _check_kinds(d, c)
-        rep.findings.extend(c.out)
-        structurally_sound = not rep.unreadable and not any(f.code == "payload-checksum" for f in rep.findings)
-        if structurally_sound and rc_error is not None:
-            raise rc_error
-        if structurally_sound and options.reconcile:
-            rep.findings.extend(_reconcile_findings(d, options, rc, already={f.code for f in rep.findings}))
-        can = writes = None
-        if structurally_sound and options.canary and d.groups_of("canary"):
-            from kvconv.check import canary
-
-            can = canary.check(d)
-            rep.findings.extend(can.findings)
-        if structurally_sound and options.canary and (d.groups_of("slot_write") or d.groups_of("write_step")):
-            from kvconv.check.canary import writes as writes_canary
-
-            writes = writes_canary.check(d, path=path)
-            rep.findings.extend(writes.findings)
-        if not rep.unreadable:
-            from kvconv.check import verdict
-
-            steps = can.counts["steps_checked"] if can is not None else 0
-            cov = verdict.coverage(d, canary_steps=steps,
-                                   write_steps=writes.summary.get("steps", 0) if writes is not None else 0)
+        rep.size, rep.groups = d.size, len(d.groups)
+        st = passes.Checking(d, options, progress, pages=_Pages(d, progress))
+        passes.run_all(st)
+        rep.findings, rep.passes = st.findings, st.results
+        if rep.unreadable:
+            rep.incidents = [_one(f) for f in rep.findings if f.severity != "info"]
+        else:
+            cov = verdict.coverage(d, canary_steps=_checked(st, "canary"), write_steps=_checked(st, "writes"))
             if cov is not None:
                 rep.findings.append(cov)
-            rep.incidents = verdict.incidents(d, rep.findings, canary_res=can)
-        else:
-            rep.incidents = [_one(f) for f in rep.findings if f.severity != "info"]
+            rep.incidents = verdict.incidents(rep.findings, st.results)
         if progress is not None:
             progress(d.size, d.size)
     return rep
 
 
-# The record kinds' checks that the passes of validate() run themselves (schemas/layouts.json "validate"); any other
-# kind's hook runs in _check_kinds. tests/test_kinds.py checks that validate reaches every kind's hook.
-_OWN_HOOKS = frozenset(f"{__name__}:{f.__name__}" for f in (_check_metadata, _check_kernels, _check_device_events,
-                                                             _check_host_launches, _check_clock_sync)) | {
-    "kvconv.check.canary:check"}
+def _checked(st, name: str) -> int:
+    r = st.results.get(name)
+    return int(r.checked.get("steps", 0)) if r is not None else 0
 
 
 def _one(f: Finding) -> dict:
     return {"severity": f.severity, "code": f.code, "message": f.line(), "findings": 1, "where": {}}
-
-
-def _check_kinds(d: dumpmod.Dump, c: _Collector) -> None:
-    """A record kind checked by a hook of its own (``"validate": "module:function"`` in schemas/layouts.json):
-    ``hook(d, c)``, reporting through ``c.add`` / ``c.mask``, once per dump holding the kind (docs/DEVELOPING.md)."""
-    hooks = [k.validate for k in layout.KINDS.values() if k.validate and d.groups_of(k.name)]
-    for spec in dict.fromkeys(h for h in hooks if h not in _OWN_HOOKS):
-        layout.resolve_hook(spec)(d, c)
-
-
-def _reconciler(d: dumpmod.Dump, options: ValidateOptions):
-    from kvconv.check import reconcile
-
-    return reconcile.Reconciler(d, options=reconcile.ReconcileOptions(relaxed=options.relaxed_reconcile),
-                                tables=False)
-
-
-def _reconcile_findings(d: dumpmod.Dump, options: ValidateOptions, rc, *, already: set[str]) -> list[Finding]:
-    """The reconciler's findings (of the pass the record checks fed, ``rc``). Its ``counts-differ`` (the counts
-    disagree and no launch explains it: in practice drops with nothing else missing) is the fact validate's
-    ``dropped`` already reports: said once."""
-    if not (d.groups_of("device_event") or d.groups_of("graph_node") or d.groups_of("eager_launch")):
-        return []
-    res = (rc if rc is not None else _reconciler(d, options)).result()
-    return [f for f in res.findings if not (f.code == "counts-differ" and "dropped" in already)]

@@ -20,23 +20,31 @@ if TYPE_CHECKING:
     from kvconv.check.validate_events import _Pages
 
 
+# Optional packages for which jsonschema registers format checkers at import: kvconv validates with no
+# FormatChecker, so none of them is ever used. rfc3987_syntax (installed by Jupyter-era stacks, and by HTA's
+# dependencies) builds a lark grammar: 3.3 s of CPU and 20 MiB on every ``kvconv validate``; the others (arrow,
+# isoduration, webcolors, ...) cost 55-85 ms of every converter and validate process, measured (docs/BENCH.md).
+_FORMAT_PACKAGES = ("rfc3987_syntax", "rfc3987", "rfc3339_validator", "rfc3986_validator", "fqdn", "idna",
+                    "jsonpointer", "uri_template", "isoduration", "webcolors")
+
+
 def _import_jsonschema():
-    """jsonschema without its optional IRI format checker. At import, jsonschema registers format checkers for the
-    optional packages it finds; ``rfc3987_syntax`` (installed by Jupyter-era stacks, and by HTA's dependencies) then
-    builds a lark grammar: 3.3 s of CPU and 20 MiB on every ``kvconv validate``, measured. kvconv validates with no
-    FormatChecker, so formats are never checked and hiding the package while jsonschema imports loses nothing; it is
-    importable again right after."""
+    """jsonschema without its optional format checkers (:data:`_FORMAT_PACKAGES`): hidden while jsonschema imports,
+    which loses nothing since formats are never checked; importable again right after."""
     import sys
 
-    if "jsonschema" in sys.modules or "rfc3987_syntax" in sys.modules:
+    if "jsonschema" in sys.modules:
         import jsonschema
 
         return jsonschema
-    sys.modules["rfc3987_syntax"] = None  # an import of it raises ImportError, which jsonschema skips
+    hidden = [m for m in _FORMAT_PACKAGES if m not in sys.modules]
+    for m in hidden:
+        sys.modules[m] = None  # an import of it raises ImportError, which jsonschema skips
     try:
         import jsonschema
     finally:
-        del sys.modules["rfc3987_syntax"]
+        for m in hidden:
+            del sys.modules[m]
     return jsonschema
 
 
@@ -47,11 +55,7 @@ def _check_metadata(d: dumpmod.Dump, c: _Collector) -> None:
 
     schema = layout.load_json_schema("metadata.schema.json")
     validator = jsonschema.Draft202012Validator(schema)
-    groups = d.groups_of("metadata")
-    if not groups:
-        c.add("warning", "no-metadata", "no run metadata group (tool, GPU, driver, counters)", field="metadata")
-        return
-    for g in groups:
+    for g in d.groups_of("metadata"):  # a dump without one: kvconv.check.passes.structure says so
         raw = g.records.tobytes()
         try:
             obj = dumpmod.loads_metadata(raw)

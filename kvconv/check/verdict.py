@@ -25,7 +25,6 @@ keep every finding.
 from __future__ import annotations
 
 import difflib
-from collections import defaultdict
 
 from kvconv.format.findings import Finding
 from kvconv.format.layout import load_json_schema
@@ -34,18 +33,27 @@ _TABLE = {k: v for k, v in load_json_schema("codes.json")["verdicts"].items() if
 VERDICTS: tuple[str, ...] = tuple(_TABLE)
 EXIT_CODES: dict[str, int] = {k: int(v["exit"]) for k, v in _TABLE.items()}
 # the codes folded into incidents built from the joins (all of their findings, named or counted)
-_WRITE_CODES = ("writes-unmapped-slot", "writes-missing-slot", "writes-outside-cache")
-_CANARY_CODES = ("canary-unexpected-write", "canary-missing-write")
-_VALUE_CODES = ("canary-wrong-value", "canary-value-not-written")  # kvconv.check.canary.value
-_END_CODES = ("unflushed-blocks", "lost-at-end")  # one cause: the producer died before its last events were copied
+# how each verdict is said: ``label`` by the commands that judge the whole dump (validate, info, record), ``state`` by
+# those that judge a part of it or state it beside their own job (canary, the converters' warning, report)
+LABELS: dict[str, str] = {k: v["label"] for k, v in _TABLE.items()}
+STATES: dict[str, str] = {k: v["state"] for k, v in _TABLE.items()}
+# how bad a verdict is (kvconv diff: "B's verdict is worse than A's"; the report's colour)
+RANK: dict[str, int] = {k: int(v["rank"]) for k, v in _TABLE.items()}
+MEANS: dict[str, str] = {k: v["means"] for k, v in _TABLE.items()}
 
 
 def exit_table() -> str:
-    """docs/CLI.md's table of verdicts and exit statuses (python -m kvconv.formatdoc cli)."""
-    rows = ["| verdict | exit | means |", "| --- | --- | --- |"]
-    rows += [f"| `{k}` | {v['exit']} | {v['means']} |" for k, v in _TABLE.items()]
+    """docs/CLI.md's table of verdicts, their words and exit statuses (python -m kvconv.formatdoc cli)."""
+    rows = ["| verdict | exit | validate says | canary, report and the converters say | means |",
+            "| --- | --- | --- | --- | --- |"]
+    rows += [f"| `{k}` | {v['exit']} | {v['label']} | {v['state']} | {v['means']} |" for k, v in _TABLE.items()]
     note = load_json_schema("codes.json")["verdicts"].get("$comment", "")
     return "\n".join(rows) + "\n\n" + note + "\n"
+
+
+def exit_code(verdict: str) -> int:
+    """The exit status of a verdict, the same for every command that exits with one."""
+    return EXIT_CODES[verdict]
 
 
 def judge(findings: list[Finding]) -> str:
@@ -74,44 +82,44 @@ def coverage(d, *, canary_steps: int, write_steps: int) -> Finding | None:
     (``loaded_kernels``), the closest ones."""
     if canary_steps or write_steps or any(len(g.records) for g in d.groups_of("value_digest")):  # value canary
         return None
-    try:
-        meta = d.metadata()
-    except Exception:  # noqa: BLE001 - unreadable metadata is validate's own finding
-        meta = {}
-    meta = meta if isinstance(meta, dict) else {}
-    counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else None
-    launches = patched = None
-    if counters is not None:
-        launches, patched = counters.get("target_launches"), counters.get("modules_patched")
-    recorded = sum(len(g.records) for k in ("graph_node", "eager_launch", "device_event") for g in d.groups_of(k))
+    meta = _metadata(d)
+    counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else {}
+    launches, patched = counters.get("target_launches"), counters.get("modules_patched")
     if launches is not None or patched is not None:
         empty = launches == 0 or patched == 0
     else:
-        empty = recorded == 0
+        empty = not any(len(g.records) for k in ("graph_node", "eager_launch", "device_event") for g in d.groups_of(k))
     if not empty:
         return None
-    pats = [str(p) for p in meta.get("target_kernels") or []]
-    what = []
-    if launches is not None:
-        what.append(f"{launches:,} target launches")
-    if patched is not None:
-        what.append(f"{patched:,} patched modules")
-    if not what:
-        what.append("no host launch record and no device event")
-    msg = f"nothing was checked: {', '.join(what)}, no canary or write step"
-    if pats:
-        msg += "; no kernel matched " + " or ".join(repr(p) for p in pats)
-        loaded = [str(k) for k in meta.get("loaded_kernels") or [] if isinstance(k, str)]
-        dropped = meta.get("loaded_kernels_dropped")
-        seen = len(loaded) + (dropped if isinstance(dropped, int) and dropped > 0 else 0)
-        close = closest(pats, loaded)
-        if close:
-            msg += "; loaded kernels close to it: " + ", ".join(close)
-        elif loaded:
-            msg += f"; none of the {seen:,} loaded kernels is close to it"
+    what = [f"{n:,} {noun}" for n, noun in ((launches, "target launches"), (patched, "patched modules"))
+            if n is not None] or ["no host launch record and no device event"]
+    msg = f"nothing was checked: {', '.join(what)}, no canary or write step" + _unmatched(meta)
     mg = d.groups_of("metadata")
     return Finding("warning", "coverage-none", msg, path=d.path, group=mg[0].index if mg else None,
                    offset=mg[0].payload_offset if mg else None, field="metadata.counters" if counters else None)
+
+
+def _metadata(d) -> dict:
+    try:
+        meta = d.metadata()
+    except Exception:  # noqa: BLE001 - unreadable metadata is validate's own finding
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _unmatched(meta: dict) -> str:
+    """What the coverage finding says of the ``-k`` patterns: none matched, and the loaded kernels close to them."""
+    pats = [str(p) for p in meta.get("target_kernels") or []]
+    if not pats:
+        return ""
+    msg = "; no kernel matched " + " or ".join(repr(p) for p in pats)
+    loaded = [str(k) for k in meta.get("loaded_kernels") or [] if isinstance(k, str)]
+    dropped = meta.get("loaded_kernels_dropped")
+    seen = len(loaded) + (dropped if isinstance(dropped, int) and dropped > 0 else 0)
+    close = closest(pats, loaded)
+    if close:
+        return msg + "; loaded kernels close to it: " + ", ".join(close)
+    return msg + (f"; none of the {seen:,} loaded kernels is close to it" if loaded else "")
 
 
 def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float = 0.6) -> list[str]:
@@ -141,6 +149,26 @@ def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float
     return [k for k, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
 
 
+def of_reconciliation(result, cov: Finding | None) -> str:
+    """``kvconv reconcile``'s verdict of a dump, on validate's scale: failed (an error finding), incomplete (blocks
+    lost at the producer's end), nothing-checked (``cov``: the dump traced nothing), else ok."""
+    from kvconv.check.reconcile.report import lost_at_end
+
+    if not result.ok:
+        return "failed"
+    if lost_at_end([result]):
+        return "incomplete"
+    return "nothing-checked" if cov is not None else "ok"
+
+
+def part_line(verdict: str, *, nothing: str = "") -> str:
+    """The last line of a part's text (``kvconv canary``): the verdict's state, and why where it needs one
+    (``nothing``: what was missing, for nothing-checked)."""
+    why = {"nothing-checked": nothing,
+           "incomplete": "the producer did not finish: the records it published are clean, the rest unknown"}
+    return STATES[verdict] + (f" ({why[verdict]})" if why.get(verdict) else "")
+
+
 def part(findings: list[Finding], *, checked: bool) -> str:
     """The verdict of one part of the checks (``kvconv canary``'s: its records' findings and the dump's own state),
     judged as the whole is (:func:`judge`): a part with nothing to check and no error is ``nothing-checked``."""
@@ -151,27 +179,22 @@ def part(findings: list[Finding], *, checked: bool) -> str:
 
 # ---------------------------------------------------------------------------------------------------- incidents
 
-def _incident(severity: str, code: str, message: str, findings: int, **where) -> dict:
+def incident(severity: str, code: str, message: str, findings: int, **where) -> dict:
+    """An incident: ``findings`` findings of one cause, told as one line (``where``: what names it)."""
     return {"severity": severity, "code": code, "message": message, "findings": findings, "where": where}
 
 
-def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
-    """The incidents of a dump's findings (``d`` open; ``canary_res``: the location canary's result, if run)."""
+def incidents(findings: list[Finding], results: dict | None = None) -> list[dict]:
+    """The incidents of a dump's findings: each pass's grouped ones (``results``: name -> PassResult, whose
+    ``build`` groups the codes it ``folds``; None: not grouped here), placed at their first finding; every other
+    finding but the informative ones an incident of its own."""
     have = {f.code for f in findings}
-    grouped: dict[str, list[dict]] = {}  # a folded code -> the incidents of its family, placed at its first finding
-    if have & set(_WRITE_CODES) and d.groups_of("slot_write"):
-        fam = _write_incidents(d)
-        grouped.update(dict.fromkeys(_WRITE_CODES, fam))
-    if canary_res is not None and have & set(_CANARY_CODES):
-        fam = _canary_incidents(canary_res)
-        grouped.update(dict.fromkeys(_CANARY_CODES, fam))
-    if have & set(_VALUE_CODES) and d.groups_of("value_digest"):
-        from kvconv.check.canary import value
-
-        fam = value.incidents(d)
-        grouped.update(dict.fromkeys(_VALUE_CODES, fam))
-    if have & set(_END_CODES):
-        grouped.update(dict.fromkeys(_END_CODES, _end_incident(d, findings)))
+    grouped: dict[str, list[dict]] = {}  # a folded code -> the incidents of its family
+    for r in (results or {}).values():
+        if r.build is not None and have & set(r.folds):
+            fam = r.build(findings)
+            if fam is not None:
+                grouped.update(dict.fromkeys(r.folds, fam))
     out: list[dict] = []
     placed: set[int] = set()
     for f in findings:
@@ -181,27 +204,8 @@ def incidents(d, findings: list[Finding], *, canary_res=None) -> list[dict]:
                 placed.add(id(fam))
                 out += fam
         elif f.severity != "info":
-            out.append(_incident(f.severity, f.code, f.line(), 1))
+            out.append(incident(f.severity, f.code, f.line(), 1))
     return out
-
-
-def _end_incident(d, findings: list[Finding]) -> list[dict]:
-    """Every launch whose blocks were lost at a dead producer's end, and the records its live groups count as not
-    yet in the file (their drop_count: the groups the lost-at-end findings name), as one incident: one cause, named
-    at the first such launch."""
-    lost = [f for f in findings if f.code == "unflushed-blocks"]
-    counted = [f for f in findings if f.code == "lost-at-end"]
-    records = sum(d.groups[f.group].drop_count for f in counted if f.group is not None)
-    first = (lost or counted)[0]
-    at = ", ".join(w for w in first.where() if w != first.field)  # path, byte, group and record
-    launches = sum(int(f.count or 1) for f in lost)  # a "N more ... not listed" finding counts its N
-    parts = [f"{launches:,} of its last launches lost their blocks ({at} on)"] if lost else []
-    if records:
-        parts.append(f"{records:,} records were not yet in the file")
-    msg = "the producer ended before the tracer copied its last events out: " + " and ".join(parts) + \
-        "; lost at its end, not a fault of the GPU"
-    return [_incident("warning", "unflushed-blocks" if lost else "lost-at-end", msg, len(lost) + len(counted),
-                      path=first.path, group=first.group, record=first.record)]
 
 
 def line(incident: dict) -> str:
@@ -210,124 +214,3 @@ def line(incident: dict) -> str:
         return incident["message"]
     n = incident["findings"]
     return f"{incident['severity']} {incident['code']}: {incident['message']}" + (f" ({n:,} findings)" if n > 1 else "")
-
-
-def _write_incidents(d) -> list[dict]:
-    import numpy as np
-
-    from kvconv.check.canary import write_join as wj
-
-    out = []
-    for ctx, _dev in dict.fromkeys(d.contexts()):
-        w = wj.join(d, ctx)
-        if w is None or not len(w.steps):
-            continue
-        names = d.kernel_names(context_id=ctx)
-        ncache = len(w.caches)
-        maps = {}
-
-        def step_map(si, w=w, maps=maps):
-            if si not in maps:
-                maps[si] = wj.step_map(w.steps, w.smap, si)
-            return maps[si]
-
-        def row(si, r):
-            rows = step_map(si)["rows"]
-            x = int(r["block_x"])
-            if int(r["block_y"]) or int(r["block_z"]) or x >= len(rows):
-                return None
-            return rows[x]
-
-        written = defaultdict(set)  # (step idx, slot) -> caches written (any status but outside / unknown)
-        for i in np.flatnonzero(w.slot >= 0).tolist():
-            if w.step_idx[i] >= 0:
-                written[(int(w.step_idx[i]), int(w.slot[i]))].add(int(w.records[i]["cache_id"]))
-        # writes to an unmapped slot, by (step, replay, block, slot): the caches it happened in
-        groups = defaultdict(list)
-        for i in np.flatnonzero(w.status == wj.UNMAPPED).tolist():
-            r = w.records[i]
-            key = (int(w.step_idx[i]), int(w.replay[i]), int(r["block_x"]), int(r["block_y"]), int(r["block_z"]),
-                   int(w.slot[i]))
-            groups[key].append(i)
-        absorbed = set()  # (step idx, slot) of tokens whose missing writes an unmapped incident explains
-        for (si, replay, bx, by, bz, slot), recs in groups.items():
-            r = w.records[recs[0]]
-            caches = {int(w.records[i]["cache_id"]) for i in recs}
-            t = row(si, r)
-            if t is not None:
-                pad = bool(int(t["flags"]) & wj._PAD)
-                who = f"batch row {bx} (" + ("a padding row" if pad else f"request {int(t['request_id'])}") + ")"
-                instead = int(t["slot"])
-                if not pad:
-                    absorbed.add((si, instead))
-                tail = f", instead of {instead}"
-            else:
-                who, tail = f"block ({bx},{by},{bz})", ""
-            i0 = recs[0]
-            owner = (f", a slot of request {int(w.owner[i0])} since step {int(w.owner_step[i0])}" if w.has_owner[i0]
-                     else ", a slot no request had mapped")
-            step = int(w.steps[si]["step"])
-            kernel = names.get(int(r["kernel_slot"]), "?")
-            msg = (f"context {ctx} step {step}, replay {replay}: {who} wrote slot {slot}{owner}{tail}, in "
-                   f"{len(caches)} of {ncache} caches (kernel {kernel!r})")
-            out.append(_incident("error", "writes-unmapped-slot", msg, len(recs), context=ctx, step=step,
-                                 replay=replay, slot=slot, caches=len(caches),
-                                 request=int(t["request_id"]) if t is not None and not pad else None))
-        # tokens not written, by (step, slot): the caches that miss them (those an unmapped write explains folded)
-        for si in range(len(w.steps)):
-            step = int(w.steps[si]["step"])
-            for slot, req in sorted(step_map(si)["live"].items()):
-                miss = ncache - len(written.get((si, slot), ()))
-                if miss <= 0 or (si, slot) in absorbed:
-                    continue
-                msg = (f"context {ctx} step {step}: request {req}'s token at slot {slot} was not written in {miss} of "
-                       f"{ncache} caches")
-                out.append(_incident("error", "writes-missing-slot", msg, miss, context=ctx, step=step, slot=slot,
-                                     request=req, caches=miss))
-        # stores outside every cache, by (step, replay, block)
-        outside = defaultdict(list)
-        for i in np.flatnonzero(w.status == wj.OUTSIDE).tolist():
-            r = w.records[i]
-            outside[(int(w.step_idx[i]), int(w.replay[i]), int(r["block_x"]), int(r["block_y"]),
-                     int(r["block_z"]))].append(i)
-        for (si, replay, bx, by, bz), recs in outside.items():
-            r = w.records[recs[0]]
-            t = row(si, r) if si >= 0 else None
-            who = (f"batch row {bx} (" + ("a padding row" if int(t["flags"]) & wj._PAD
-                                          else f"request {int(t['request_id'])}") + f", slot {int(t['slot'])})"
-                   if t is not None else f"block ({bx},{by},{bz})")
-            before = sum(1 for i in recs if any(int(w.records[i]["addr_hi"]) <= int(c["base"])
-                                                and int(c["base"]) - int(w.records[i]["addr_hi"]) < int(c["slot_bytes"])
-                                                for c in w.caches))
-            where = (f"step {int(w.steps[si]['step'])}, " if si >= 0 else "no step, ") + f"replay {replay}"
-            msg = (f"context {ctx} {where}: {who} stored outside every registered cache, {len(recs)} store ranges"
-                   + (f" ({before} just before a cache: slot -1)" if before else "")
-                   + f" (kernel {names.get(int(r['kernel_slot']), '?')!r})")
-            out.append(_incident("error", "writes-outside-cache", msg, len(recs), context=ctx,
-                                 step=int(w.steps[si]["step"]) if si >= 0 else None, replay=replay))
-    return out
-
-
-def _canary_incidents(res) -> list[dict]:
-    from kvconv.check.canary import runs
-
-    groups = defaultdict(list)
-    for st in res.steps.flagged():
-        groups[(st["context_id"], st["step"], tuple(st["unexpected"]), tuple(st["missing"]))].append(st["buffer"])
-    out = []
-    nbuf = len({(s["context_id"], s["buffer_id"]) for s in res.steps}) if len(res.steps) < 100_000 else None
-
-    def pages(p):
-        return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs(list(p)))
-
-    for (ctx, step, unexpected, missing), bufs in groups.items():
-        of = f" of {nbuf}" if nbuf else ""
-        for what, pg, code in (("changed outside the expected set", unexpected, "canary-unexpected-write"),
-                               ("expected but did not change", missing, "canary-missing-write")):
-            if pg:
-                msg = (f"context {ctx} step {step}: page{'s' if len(pg) > 1 else ''} {pages(pg)} {what}, in "
-                       f"{len(bufs)}{of} buffers "
-                       f"({', '.join(repr(b) for b in bufs[:4])}{', ...' if len(bufs) > 4 else ''})")
-                out.append(_incident("error", code, msg, len(bufs), context=ctx, step=step, pages=len(pg),
-                                     buffers=len(bufs)))
-    return out

@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             errors = None
     else:
         errors = None
+    from kvconv.cli import interrupt
+
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), interrupt.handled():
             warnings.showwarning = _one_line_warning
             return _main(argv)
     finally:
@@ -127,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                 out.reconfigure(errors=errors)
             except (ValueError, OSError):
                 pass
+        if argv is None:  # the program itself (not a caller's main([...])): its end is not interrupted
+            interrupt.quiet_shutdown()
+
+
+# a Ctrl-C that reached the command as KeyboardInterrupt (kvconv.cli.interrupt's handler not installed: the process
+# was given its own): kvconv.format.atomic removed an output still being written, and kept one already in place
+_INTERRUPTED = "Error: interrupted (SIGINT): an unfinished output is removed, a written one kept"
 
 
 def _interrupted(e: BaseException) -> bool:
@@ -144,7 +153,7 @@ def _main(argv: list[str] | None) -> int:
         rv = app(args=argv, prog_name="kvconv")
     except SystemExit as e:
         if _interrupted(e):  # typer turns Ctrl-C into a silent exit 130: say it, as SIGTERM's handler does
-            err("Error: interrupted (SIGINT): the unfinished output is removed")
+            err(_INTERRUPTED)
             return 130
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KvconvError as e:
@@ -158,7 +167,7 @@ def _main(argv: list[str] | None) -> int:
             pass
         return 1
     except KeyboardInterrupt:
-        err("Error: interrupted (SIGINT): the unfinished output is removed")
+        err(_INTERRUPTED)
         return 130
     except MemoryError:
         err("Error: out of memory (try a smaller --window or a machine with more memory)")

@@ -10,27 +10,14 @@ not finish (a live dump: what it had not published is unknown). Kernel names dem
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
 from kvconv.cli.common import JSON, PROGRESS, QUIET, SALVAGE
+from kvconv.format.errors import KvconvError
 
 app = typer.Typer()
-
-_LAST_LINE = {"ok": "ok", "failed": "FAILED",
-              "nothing-checked": "NOTHING CHECKED (no canary records; see docs/CANARY.md)",
-              "incomplete": "INCOMPLETE (the producer did not finish: the records it published are clean, the rest "
-                            "unknown)"}
-
-
-def part_verdict(d, res, *, checked: bool) -> str:
-    """The canary part of the dump's verdict: the check's findings with the dump's own (structure, producer state)."""
-    from kvconv.check import verdict
-
-    return verdict.part(list(d.problems) + list(res.findings), checked=checked)
-
 
 @app.command("canary")
 def canary_cmd(
@@ -45,7 +32,7 @@ def canary_cmd(
     salvage: bool = SALVAGE,
     progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
-) -> int:
+) -> None:
     """Check the location canary: per step and buffer, pages changed outside the expected set (aliasing or external
     writes) and expected pages that did not change (missing writes), with page and slot ranges; and, where the probe
     recorded value digests, the value canary (slots written with data other than the engine's rows). Exit 0 clean, 1
@@ -53,68 +40,64 @@ def canary_cmd(
 
     Example: kvconv canary run.kvdump --json
     """
-    from kvconv.check import canary, verdict
-    from kvconv.check.canary import value
-    from kvconv.cli.common import Outcome, finish, open_or_finish
-    from kvconv.format import dump
+    import dataclasses
+
+    import kvconv
+    from kvconv.cli.common import Outcome, finish, verdict_warnings
     from kvconv.progress import Progress, ProgressOptions
+    from kvconv.run import RunOptions
 
-    opts = dump.ReadOptions(salvage=salvage)
-    out = sys.stdout
+    run = kvconv.open(dump_path, options=RunOptions(salvage=salvage, missing_writes=not no_missing))
+    dr = run.dumps[0]
+    try:
+        with Progress(f"canary {dump_path.name}", total=0, size_bytes=None,
+                      options=ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)) as bar:
+            dr.progress = bar.update
+            error = dr.unreadable_error()
+        if error is not None:
+            raise error
+        # the probe's value digests are the canary's too: a location canary that is clean beside a wrong value is not
+        # an ok (paged-stale-k said ok, exit 0, validate FAILED)
+        part = dr.part("writes") if writes else dr.part("canary", "values")
+    except KvconvError as e:
+        if as_json:
+            finish("canary", [Outcome(str(dump_path), e.exit_code, error=e)], as_json=True)
+        raise
     if writes:
-        from kvconv.cli.canary_writes import run_writes
+        from kvconv.cli.canary_writes import writes_text
 
-        return run_writes(dump_path, opts, as_json=as_json, all_findings=all_steps, quiet=quiet)
-    with open_or_finish("canary", dump_path, opts, as_json=as_json) as d:
-        with Progress(f"canary {dump_path.name}", total=0, size_bytes=d.size,
-                      options=ProgressOptions.from_cli(progress=progress, quiet=quiet)) as bar:
-            res = canary.check(d, options=canary.CanaryOptions(missing_writes=not no_missing), progress=bar.update)
-        # the probe's value digests are the canary's too (kvconv validate judges both): a location canary that is
-        # clean beside a wrong value is not an ok (paged-stale-k said ok, exit 0, validate FAILED)
-        values = value.check(d, path=str(dump_path)) if d.groups_of("value_digest") else None
-        if values is not None:
-            res.findings.extend(values.findings)
-        checked = bool(res.counts["steps_checked"]) or bool(values and values.summary["steps"])
-        v = part_verdict(d, res, checked=checked)
-        code = verdict.EXIT_CODES[v]
-        if as_json:  # the envelope; the result streamed a step at a time (the same bytes as its to_dict())
-            finish("canary", [Outcome(str(dump_path), code, res.write_json)], as_json=True)
-        lines = None if all_steps else [verdict.line(i) for i in verdict.incidents(d, res.findings, canary_res=res)]
-        _report(res, out, all_steps=all_steps, state=v, quiet=quiet, lines=lines)
-    out.flush()
-    if v == "ok":  # this part is clean: say so when the dump's one verdict is not (a live slot handed out twice)
-        from kvconv.cli.emit import verdict_warnings
-
-        verdict_warnings([dump_path], salvage=salvage, done="this part is clean")
-    if code:
-        raise typer.Exit(code)
-    return 0
+        result, text = part.results["writes"].to_dict(), writes_text(part, all_findings=all_steps, quiet=quiet)
+    else:  # the JSON streamed a step at a time (the same bytes as its to_dict())
+        res = dataclasses.replace(part.results["canary"], findings=part.findings)
+        result, text = res.write_json, _text(res, part, all_steps=all_steps, quiet=quiet)
+    if part.verdict == "ok":  # this part is clean: say so when the dump's one verdict is not (a wrong value, say)
+        verdict_warnings(run, done="this part is clean")
+    finish("canary", [Outcome(str(dump_path), part.exit_code, result, text=text)], as_json=as_json)
 
 
-def _report(res, out, *, all_steps: bool, state: str, quiet: bool = False, lines: list[str] | None = None) -> None:
-    """The text: the summary and the flagged steps (not with -q), one line per incident (``lines``, as validate's;
-    every finding with --all), the verdict line."""
-    s = res.summary()
+def _text(res, part, *, all_steps: bool, quiet: bool = False) -> str:
+    """The text: the summary and the flagged steps (not with -q), one line per incident (as validate's; every
+    finding with --all), the verdict line."""
+    from kvconv.check import verdict
     from kvconv.names import demangle_text
     from kvconv.wording import counted
 
-    found = lines if lines is not None else [f.line() for f in res.findings]
-    if quiet:
-        for ln in found:
-            out.write(demangle_text(ln) + "\n")
-        out.write(_LAST_LINE[state] + "\n")
-        return
-    out.write(f"{res.path}: {counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} checked: "
-              f"{counted(s['unexpected_pages'], 'unexpected page')} in {counted(s['steps_with_unexpected'], 'step')}, "
-              f"{counted(s['missing_pages'], 'missing page')} in {counted(s['steps_with_missing'], 'step')}\n")
-    for st in (res.steps if all_steps else res.steps.flagged()):
-        out.write(f"  context {st['context_id']} step {st['step']} buffer {st['buffer']!r} (id {st['buffer_id']}): "
-                  f"expected {len(st['expected'])} changed {len(st['changed'])} excluded "
-                  f"{len(st['excluded'])}: unexpected {_pages(st['unexpected'])} missing "
-                  f"{_pages(st['missing'])}\n")
-    for ln in found:
-        out.write(demangle_text(ln) + "\n")
-    out.write(_LAST_LINE[state] + "\n")
+    s = res.summary()
+    lines = []
+    if not quiet:
+        lines.append(f"{res.path}: {counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} "
+                     f"checked: {counted(s['unexpected_pages'], 'unexpected page')} in "
+                     f"{counted(s['steps_with_unexpected'], 'step')}, {counted(s['missing_pages'], 'missing page')} "
+                     f"in {counted(s['steps_with_missing'], 'step')}")
+        for st in (res.steps if all_steps else res.steps.flagged()):
+            lines.append(f"  context {st['context_id']} step {st['step']} buffer {st['buffer']!r} (id "
+                         f"{st['buffer_id']}): expected {len(st['expected'])} changed {len(st['changed'])} excluded "
+                         f"{len(st['excluded'])}: unexpected {_pages(st['unexpected'])} missing "
+                         f"{_pages(st['missing'])}")
+    found = [f.line() for f in part.findings] if all_steps else [verdict.line(i) for i in part.incidents]
+    lines += [demangle_text(ln) for ln in found]
+    lines.append(verdict.part_line(part.verdict, nothing="no canary records; see docs/CANARY.md"))
+    return "\n".join(lines)
 
 
 def _pages(pages: list[int]) -> str:

@@ -127,7 +127,7 @@ def each(paths: Iterable[Path], fn: Callable[[Path], Outcome]) -> list[Outcome]:
         try:
             out.append(fn(p))
         except KvconvError as e:
-            out.append(Outcome(str(p), e.exit_code, error=e))
+            out.append(Outcome(str(getattr(p, "path", p)), e.exit_code, error=e))
     return out
 
 
@@ -228,3 +228,52 @@ def finish(command: str, outcomes: list[Outcome], *, as_json: bool, trailer: str
             sys.stdout.write("\n".join(parts) + "\n")
     sys.stdout.flush()
     raise typer.Exit(worst(outcomes))
+
+
+# ---- the verdict, where a command states it beside its own job ------------------------------------------------------
+
+def judged(dump_run):
+    """``(validate's report, None)`` of a :class:`kvconv.run.DumpRun`, or ``(None, "Type: message")`` when the checks
+    fail on a bug of theirs: the command's own job stands and the verdict is not claimed (KVCONV_DEBUG=1 raises).
+    A :class:`KvconvError` (the dump cannot be read) is the command's to report."""
+    import os
+
+    try:
+        return dump_run.validation, None
+    except KvconvError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an internal error of the checks, said in one line
+        if os.environ.get("KVCONV_DEBUG"):
+            raise
+        return None, f"{type(e).__name__}: {e}"
+
+
+def internal_error(failure: str) -> str:
+    """What a command says when the checks failed on a bug (:func:`judged`)."""
+    return f"internal error in the checks: {failure}; please report it, KVCONV_DEBUG=1 shows where"
+
+
+def verdict_warnings(run, *, done: str = "the output was written") -> list[dict]:
+    """Each dump's verdict (kvconv validate's), one ``Warning:`` line on stderr for a dump whose verdict is not ok,
+    saying ``done`` (the converters: the output was written; kvconv canary: its own part is clean). The exit status
+    stays the command's (docs/CLI.md)."""
+    from kvconv.check.verdict import STATES
+    from kvconv.wording import counted
+
+    out = []
+    for dr in run.dumps:
+        rep, failure = judged(dr)
+        if rep is None:
+            _warn(f"{dr.path}: verdict not computed ({internal_error(failure)})")
+            out.append({"path": dr.path, "verdict": None, "incidents": None})
+            continue
+        out.append({"path": dr.path, "verdict": rep.verdict, "incidents": len(rep.incidents)})
+        if rep.verdict != "ok":
+            _warn(f"{dr.path}: verdict {STATES[rep.verdict]} ({counted(len(rep.incidents), 'incident')}): "
+                  f"run `kvconv validate {dr.path}` ({done})")
+    return out
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"Warning: {message}\n")
+    sys.stderr.flush()

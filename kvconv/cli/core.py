@@ -21,10 +21,11 @@ from kvconv.cli.common import (
     Outcome,
     each,
     finish,
+    internal_error,
+    judged,
     output_option,
     renamed,
 )
-from kvconv.format.errors import FormatError, KvconvError
 from kvconv.format.findings import Finding
 from kvconv.names import demangle, demangle_text
 from kvconv.wording import counted
@@ -84,28 +85,28 @@ def _info_text(path: str, info: dict, rep=None) -> str:
     return "\n".join(lines)
 
 
-def _info_one(path: Path, opts, popts) -> Outcome:
+def _info_one(path: Path, options, popts) -> Outcome:
     import warnings
 
-    from kvconv.format import dump as dumpmod
+    import kvconv
     from kvconv.format.info import describe
     from kvconv.progress import Progress
 
-    with warnings.catch_warnings():
+    run = kvconv.open(path, options=options)
+    with warnings.catch_warnings(), run:
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
-        with dumpmod.open(path, options=opts) as d, Progress(f"info {path.name}", total=d.size, size_bytes=d.size,
-                                                             options=popts) as bar:
+        d = run.reader
+        with Progress(f"info {path.name}", total=d.size, size_bytes=d.size, options=popts) as bar:
             info = describe(d, progress=bar.update)
-            info["kernels"] = [{"slot": slot, "name": name, "context_id": ctx} for ctx, _dev in d.contexts()
-                               for slot, name in sorted(d.kernel_names(context_id=ctx).items())]
+        info["kernels"] = [{"slot": slot, "name": name, "context_id": ctx} for ctx, _dev in d.contexts()
+                           for slot, name in sorted(d.kernel_names(context_id=ctx).items())]
         # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON. info's
         # exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
-        rep = _judged(path, opts.salvage)
+        rep, failure = judged(run.dumps[0])
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
-    if isinstance(rep, str):  # the checks failed on a bug: the description stands, the verdict is not claimed
-        info["verdict"] = {"verdict": None, "internal_error": rep}
-        text = _info_text(str(path), info) + (f"\n{path}: verdict not computed (internal error in the checks: {rep}; "
-                                              f"please report it, KVCONV_DEBUG=1 shows where)")
+    if rep is None:  # the checks failed on a bug: the description stands, the verdict is not claimed
+        info["verdict"] = {"verdict": None, "internal_error": failure}
+        text = _info_text(str(path), info) + f"\n{path}: verdict not computed ({internal_error(failure)})"
         return Outcome(str(path), code, info, text=text)
     info["verdict"] = {k: v for k, v in rep.to_dict().items() if k in _VERDICT_KEYS}
     return Outcome(str(path), code, info, text=_info_text(str(path), info, rep))
@@ -114,48 +115,23 @@ def _info_one(path: Path, opts, popts) -> Outcome:
 _VERDICT_KEYS = ("verdict", "exit_code", "errors", "warnings", "incidents")
 
 
-def _judged(path: Path, salvage: bool):
-    """validate's report, or None when the checks fail on a bug of theirs: info still describes the dump (its last
-    line says the verdict was not computed; KVCONV_DEBUG=1 raises)."""
-    import os
-
-    from kvconv.check.validate import ValidateOptions
-    from kvconv.check.validate import validate as run_validate
-
-    try:
-        return run_validate(path, options=ValidateOptions(salvage=salvage))
-    except KvconvError:
-        raise
-    except Exception as e:  # noqa: BLE001 - an internal error of the checks, said in one line
-        if os.environ.get("KVCONV_DEBUG"):
-            raise
-        return f"{type(e).__name__}: {e}"
-
-
-_STATE = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED",
-          "incomplete": "INCOMPLETE, the producer did not finish: what it published is consistent, the rest unknown",
-          "unreadable": "UNREADABLE"}  # (info of a dump its reader opened and validate's scan could not read)
-
-
-def _validate_one(path: Path, opts, popts=None, *, all_findings: bool = False) -> Outcome:
-    from kvconv.check.validate import validate as run_validate
+def _validate_one(path: Path, options, popts=None, *, all_findings: bool = False) -> Outcome:
+    import kvconv
     from kvconv.progress import Progress, ProgressOptions
 
     try:
         size = path.stat().st_size
     except OSError:
         size = 0
+    run = kvconv.open(path, options=options)
     with Progress(f"validate {path.name}", total=size, size_bytes=size or None,
                   options=popts or ProgressOptions(enabled=False)) as bar:
-        r = run_validate(path, options=opts, progress=bar.update)
-    result = r.to_dict()
-    if r.unreadable:
-        # Unreadable input: the one-line error goes to stderr, like every other command's errors.
-        first = next(f for f in r.findings if f.severity == "error")
-        err = FormatError(first.message, path=first.path, offset=first.offset, field=first.field, group=first.group,
-                          code=first.code)
-        return Outcome(r.path, r.exit_code, result, error=err)
-    return Outcome(r.path, r.exit_code, result, text="\n".join(_verdict_lines(r, all_findings=all_findings)))
+        run.dumps[0].progress = bar.update
+        r = run.validation
+    error = run.dumps[0].unreadable_error()
+    if error is not None:  # unreadable input: the one-line error goes to stderr, like every other command's errors
+        return Outcome(r.path, r.exit_code, r.to_dict(), error=error)
+    return Outcome(r.path, r.exit_code, r.to_dict(), text="\n".join(_verdict_lines(r, all_findings=all_findings)))
 
 
 def _verdict_lines(r, *, all_findings: bool = False) -> list[str]:
@@ -169,8 +145,8 @@ def _verdict_lines(r, *, all_findings: bool = False) -> list[str]:
         lines = [verdict.line(i) for i in r.incidents]
     grouped = sum(1 for i in r.incidents if i["where"])
     inc = f"; {counted(len(r.incidents), 'incident')}" if grouped else ""
-    lines.append(f"{r.path}: {_STATE[r.verdict]} ({counted(r.errors, 'error')}, {counted(r.warnings, 'warning')}"
-                 f"{inc}; {counted(r.groups, 'group')}, {counted(r.size, 'byte')})")
+    lines.append(f"{r.path}: {verdict.LABELS[r.verdict]} ({counted(r.errors, 'error')}, "
+                 f"{counted(r.warnings, 'warning')}{inc}; {counted(r.groups, 'group')}, {counted(r.size, 'byte')})")
     return [demangle_text(x) for x in lines]
 
 
@@ -186,12 +162,12 @@ def info(
     payload checksums, and state its verdict (kvconv validate's, last line; JSON: verdict). Exit 0 readable and
     intact, whatever the verdict, 1 a checksum does not match, 2 unreadable (the verdict's status: kvconv validate).
 
-    Example: kvconv info fixtures/qwen3-14b/qwen3-14b.kvdump --json
+    Example: kvconv info run.kvdump --json
     """
-    from kvconv.format import dump as dumpmod  # numpy: imported by the commands that read, not by --help
-    from kvconv.progress import ProgressOptions
+    from kvconv.progress import ProgressOptions  # numpy etc.: imported by the commands that run, not by --help
+    from kvconv.run import RunOptions
 
-    opts = dumpmod.ReadOptions(salvage=salvage, verify_checksums=False)  # verified in describe, reported
+    opts = RunOptions(salvage=salvage, verify_checksums=False)  # verified in describe, reported
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
     outcomes = each(dumps, lambda p: _info_one(p, opts, popts))
     for o in outcomes:  # one blank line between dumps
@@ -214,12 +190,12 @@ def validate(
     give one verdict: exit 0 ok, 1 failed (errors), 2 unreadable, 4 nothing checked, 5 incomplete (the producer
     died). Findings of one cause are one incident line; --all and --json keep every finding.
 
-    Example: kvconv validate fixtures/qwen3-14b/qwen3-14b.kvdump
+    Example: kvconv validate run.kvdump
     """
-    from kvconv.check.validate import ValidateOptions
     from kvconv.progress import ProgressOptions
+    from kvconv.run import RunOptions
 
-    opts = ValidateOptions(reconcile=not no_reconcile, relaxed_reconcile=relaxed, salvage=salvage)
+    opts = RunOptions(reconcile=not no_reconcile, relaxed=relaxed, salvage=salvage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
     finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts, all_findings=all_findings)),
            as_json=as_json)
@@ -237,8 +213,9 @@ def demo(
     one new folder (built beside it, in place once complete). A rerun replaces kvconv's own earlier demo; a folder
     holding anything else is refused, even with --force.
 
-    Example: kvconv demo -o /tmp/demo   (then open /tmp/demo/qwen3-14b.pftrace in ui.perfetto.dev)
+    Example: kvconv demo -o kvconv-demo   (then open kvconv-demo/qwen3-14b.pftrace in ui.perfetto.dev)
     """
+    from kvconv.cli import main
     from kvconv.demo.run import run
 
-    raise typer.Exit(run(out, force=force))
+    raise typer.Exit(run(out, main=main, force=force))

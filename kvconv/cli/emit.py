@@ -66,49 +66,11 @@ def _report(res, quiet: bool, *, as_json: bool = False) -> None:
         f"{counted(res.bytes_written, 'byte')}\n")
 
 
-_STATE = {"failed": "FAILED", "nothing-checked": "NOTHING CHECKED", "incomplete": "INCOMPLETE",
-          "unreadable": "UNREADABLE"}
-
-
 def _output(res) -> dict:
     """What ``--json`` says about the output written (schemas/cli.schema.json ``output``)."""
     return {"path": res.output, "bytes": res.bytes_written, "contexts": res.contexts,
             "device_events": res.written_events, "host_records": res.host_records, "flows": res.flows,
             "tables": res.tables, "alignment": res.alignment, "warnings": list(res.warnings)}
-
-
-def verdict_warnings(dumps, *, salvage: bool, done: str = "the output was written") -> list[dict]:
-    """Each dump's one verdict (kvconv validate's), one ``Warning:`` line on stderr for a dump whose verdict is not
-    ok, saying ``done`` (the converters: the output was written; kvconv canary: its own part is clean). The exit
-    status stays the command's (docs/CLI.md); the verdict's status is kvconv validate's. Costs one validate pass
-    per dump after the conversion (the converters do not run the checks), measured in-process: 0.07 s for the 7 MB
-    qwen3-14b fixture (conversion ~0.25 s), 0.4-0.5 s for a 96 MiB generated dump (1.2-2.3 s), 2.5 s for a 384 MiB
-    one (perfetto 2.9 s): on large dumps about as long as the conversion."""
-    import os
-
-    from kvconv.check.validate import ValidateOptions, validate
-    from kvconv.cli import err
-    from kvconv.format.errors import KvconvError
-    from kvconv.wording import counted
-
-    out = []
-    for p in dumps:
-        try:
-            rep = validate(p, options=ValidateOptions(salvage=salvage))
-        except KvconvError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug of the checks: the output stays written, the bug is said
-            if os.environ.get("KVCONV_DEBUG"):
-                raise
-            err(f"Warning: {p}: verdict not computed (internal error in the checks: {type(e).__name__}: {e}); "
-                f"please report it (kvconv validate {p} with KVCONV_DEBUG=1 shows where)")
-            out.append({"path": str(p), "verdict": None, "incidents": None})
-            continue
-        out.append({"path": str(p), "verdict": rep.verdict, "incidents": len(rep.incidents)})
-        if rep.verdict != "ok":
-            err(f"Warning: {p}: verdict {_STATE[rep.verdict]} ({counted(len(rep.incidents), 'incident')}): "
-                f"run `kvconv validate {p}` ({done})")
-    return out
 
 
 _WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
@@ -151,19 +113,25 @@ def command(fmt: Format):
     """The ``kvconv <fmt.name>`` command of a registered output format (its help ends in the format's example)."""
 
     def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, as_json, fmt_=fmt, **kind) -> None:
-        from kvconv.cli.common import Outcome, finish, print_json
+        import kvconv
+        from kvconv.cli import interrupt
+        from kvconv.cli.common import Outcome, finish, print_json, verdict_warnings
         from kvconv.format.errors import KvconvError, UsageError
+        from kvconv.run import RunOptions
 
         if as_json and out == "-":
             raise UsageError("--json prints its document on stdout: give -o PATH for the output", code="bad-output")
+        interrupt.output(out)  # a signal once it is in place keeps it, and says so
+        the_run = kvconv.open(dumps, options=RunOptions(salvage=salvage))
         try:
-            res = _write(dumps, out, reconcile, chunk, progress, salvage, force, quiet or as_json, fmt_, kind)
+            res = _write(the_run, out, reconcile, chunk, progress, force, quiet or as_json, fmt_, kind)
         except KvconvError as e:
             if not as_json:
                 raise
             finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
         _report(res, quiet, as_json=as_json)
-        verdicts = verdict_warnings(dumps, salvage=salvage)
+        # the one verdict of each dump, stated beside the output written; from the pass that converted it (Run.write)
+        verdicts = verdict_warnings(the_run)
         if as_json:
             from kvconv.cli.common import envelope
 
@@ -171,26 +139,26 @@ def command(fmt: Format):
                         for v in verdicts]
             print_json(envelope(fmt_.name, outcomes, output=_output(res)))
 
-    def _write(dumps, out, reconcile, chunk, progress, salvage, force, quiet, fmt_, kind):
+    def _write(run, out, reconcile, chunk, progress, force, quiet, fmt_, kind):
         extra = {}
         merge = kind.pop("merge", None)
         if fmt_.tables:
             compression = kind.pop("compression")
             extra = {"arrow_format": kind.pop("fmt"), "compression": None if compression == "none" else compression}
             append = kind.pop("append")
-        opts = _options(reconcile=reconcile, chunk=chunk, progress=False if quiet else progress, salvage=salvage,
-                        force=force, **kind, **extra)
+        opts = _options(reconcile=reconcile, chunk=chunk, progress=False if quiet else progress,
+                        salvage=run.options.salvage, force=force, verdict=True, **kind, **extra)
         if merge is not None:
             from kvconv.emit.torchmerge import report_merge, write_merged
 
-            res, al = write_merged(fmt_.write, dumps, out, merge, options=opts)
+            res, al = write_merged(fmt_.write, run.paths, out, merge, options=opts)
             report_merge(al, merge, quiet=quiet)
             return res
         if fmt_.tables and append:
             from kvconv.dataset import write_appending
 
-            return write_appending(fmt_.write, dumps, out, options=opts)
-        return fmt_.write(dumps, out, options=opts)
+            return write_appending(fmt_.write, run.paths, out, options=opts)
+        return run.write(fmt_.name, out, options=opts)
 
     params = _parameters(fmt)
     run.__signature__ = inspect.Signature(params)

@@ -1,4 +1,4 @@
-"""``kvconv open TRACE``: show a trace in ui.perfetto.dev, served once from this machine (:mod:`kvconv.open`).
+"""``kvconv open TRACE``: show a trace in ui.perfetto.dev, served once from this machine (:mod:`kvconv.serve`).
 
     $ kvconv open run.pftrace
     opened https://ui.perfetto.dev/#!/?url=http://127.0.0.1:9001/run.pftrace
@@ -29,7 +29,7 @@ def open_cmd(
 
     Example: kvconv open run.pftrace
     """
-    from kvconv.open import OpenOptions, serve_once
+    from kvconv.serve import OpenOptions, serve_once
 
     serve_once(trace, options=OpenOptions(port=port, browser=browser, timeout=timeout),
                say=lambda line: print(line, flush=True))

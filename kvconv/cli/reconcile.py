@@ -49,49 +49,65 @@ def reconcile_cmd(
 
     Example: kvconv reconcile run.kvdump --json
     """
-    from kvconv.check import reconcile, skew, verdict
-    from kvconv.cli.common import Outcome, each, finish
-    from kvconv.format import dump
-    from kvconv.progress import Progress, ProgressOptions
-    from kvconv.wording import counted
+    import kvconv
+    from kvconv.check import skew
+    from kvconv.cli.common import each, finish
+    from kvconv.progress import ProgressOptions
+    from kvconv.run import RunOptions
 
-    opts = reconcile.ReconcileOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage)
-    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    results, reports, nothing = [], [], []
-
-    def one(p) -> Outcome:
-        with dump.open(p, options=dump.ReadOptions(salvage=salvage)) as d:
-            # the report only (no per-event table): memory bounded by the host records
-            with Progress(f"reconcile {Path(p).name}", total=0, size_bytes=d.size, options=popts) as bar:
-                r = reconcile.reconcile(d, options=opts, tables=False, progress=bar.update)
-            # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
-            cov = verdict.coverage(d, canary_steps=0, write_steps=0)
-        rep = r.to_dict()
-        lines = r.lines() + [f.line() for f in r.findings]
-        code = 0 if r.ok else 1
-        if code == 0 and reconcile.report.lost_at_end([r]):  # lost at the producer's end: validate's incomplete
-            code = verdict.EXIT_CODES["incomplete"]
-        if cov is not None:
-            rep["findings"].append(cov.to_dict())
-            rep["summary"]["warning"] += 1
-            lines.append(cov.line())
-            nothing.append(p)
-            code = max(code, verdict.EXIT_CODES["nothing-checked"]) if code == 0 else code
-        results.append(r)
-        reports.append((p, rep))
-        from kvconv.names import demangle_text  # kernel names demangled in the text, kept as they are in --json
-
-        return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
-
-    outcomes = each(dump_paths, one)
-    cross = skew.cross_dump([p for p, _ in reports], [r for _, r in reports])
-    unreadable = sum(o.error is not None for o in outcomes)
-    status = reconcile.status_line(results) if results else ""
-    if nothing and status == "ok":
-        status = f"NOTHING CHECKED ({counted(len(nothing), 'dump')} with no target launch)"
-    if unreadable:  # every input reported: the status names the ones that could not be read
-        status = f"FAILED ({counted(unreadable, 'dump')} unreadable" + (
-            f"; the others: {status}" if status else "") + ")"
+    run = kvconv.open(dump_paths, options=RunOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage,
+                                                     salvage=salvage))
+    run.options.reconcile_options()  # a bad --join is refused before any work
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
+    done: list[tuple] = []  # (path, result, its JSON, nothing checked)
+    outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
+    cross = skew.cross_dump([p for p, _, _, _ in done], [rep for _, _, rep, _ in done])
+    status = _status(done, outcomes)
     if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
         status = "\n".join(skew.lines(cross) + [status])
     finish("reconcile", outcomes, as_json=as_json, trailer=status, cross_dump=cross)  # null for one dump
+
+
+def _one(dr, popts, done: list):
+    """One dump's reconciliation: its text, JSON and exit status (on validate's scale: kvconv.check.verdict)."""
+    from kvconv.check import verdict
+    from kvconv.cli.common import Outcome
+    from kvconv.names import demangle_text  # kernel names demangled in the text, kept as they are in --json
+    from kvconv.progress import Progress
+
+    with Progress(f"reconcile {Path(dr.path).name}", total=0, size_bytes=None, options=popts) as bar:
+        dr.progress = bar.update
+        r = dr.reconcile(tables=False)  # the report only (no per-event table): memory bounded by the host records
+    # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
+    cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
+    dr.close()
+    rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
+    if cov is not None:
+        rep["findings"].append(cov.to_dict())
+        rep["summary"]["warning"] += 1
+        lines.append(cov.line())
+    done.append((dr.path, r, rep, cov is not None))
+    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov)]
+    return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
+
+
+def _status(done: list, outcomes: list) -> str:
+    """The last line: every readable dump's agreement (kvconv.check.reconcile.status_line), then the dumps that
+    traced nothing and those that could not be read, with the verdict's words."""
+    from kvconv.check import reconcile, verdict
+    from kvconv.wording import counted
+
+    status = reconcile.status_line([r for _, r, _, _ in done]) if done else ""
+    nothing = sum(1 for *_, none in done if none)
+    if nothing and status == "ok":
+        status = f"{verdict.STATES['nothing-checked']} ({counted(nothing, 'dump')} with no target launch)"
+    bad = [o.exit for o in outcomes if o.error is not None]
+    if not bad:
+        return status
+    # every input reported: the status names the ones that could not be read, with their exit status
+    unreadable = bad.count(verdict.EXIT_CODES["unreadable"])
+    what = [f"{counted(unreadable, 'dump')} unreadable"] if unreadable else []
+    what += [f"{counted(len(bad) - unreadable, 'dump')} damaged (a payload checksum does not match)"] * (
+        len(bad) > unreadable)
+    return (f"{verdict.STATES['unreadable' if unreadable else 'failed']} ({'; '.join(what)}"
+            + (f"; the others: {status}" if status else "") + ")")

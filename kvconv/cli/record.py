@@ -14,44 +14,55 @@ from kvconv.cli.common import FORCE, output_option
 app = typer.Typer()
 
 
+# record's own options (those several commands take are kvconv.cli.common's)
+_KERNEL = typer.Option(None, "--kernel", "-k", metavar="PATTERN", help="substring of a target kernel name (repeatable; "
+                       "mangled or demangled); default reshape_and_cache_flash_kernel")
+_DEVICE_CAPACITY = typer.Option(None, "--device-capacity", help="device events per context (default 1048576)")
+_HOST_CAPACITY = typer.Option(None, "--host-capacity", help="host records per table (default 65536)")
+_EVENTS = typer.Option(None, "--events", help="block events: enter, exit or enter,exit (default: $KVCONV_EVENTS when "
+                       "set, else enter)")
+_CLOCK_SYNC = typer.Option(None, "--clock-sync-ms", help="clock-sync period in ms (default 0: start and end pairs "
+                           "only; a period slows graph replays, docs/TRACER.md)")
+_NO_BUILD = typer.Option(False, "--no-build", help="fail instead of building native/ when missing")
+_NO_VALIDATE = typer.Option(False, "--no-validate", help="skip validating the dump(s)")
+_VERBOSE = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)")
+_WRITES = typer.Option(False, "--writes", help="also record the KV slots each block of the target kernels writes (the "
+                       "write-address canary: kvconv canary --writes; docs/CANARY.md)")
+_CAPTURE_RANGE = typer.Option(
+    None, "--capture-range", metavar="WHEN",
+    help="record only from: profiler (cudaProfilerStart to cudaProfilerStop), graph (the first replay of a graph "
+         "holding a target kernel: an engine's eager warm-up left out), launches:N (after N target launches), "
+         "signal (SIGUSR1 starts, SIGUSR2 stops), nvtx:NAME (while an NVTX range named NAME is open); default "
+         "none: from start (docs/TRACER.md)")
+_CAPTURE_RANGE_END = typer.Option(None, "--capture-range-end", metavar="stop|repeat",
+                                  help="at a range's end: stop recording for good (default) or repeat at the next "
+                                       "start")
+_ENGINE = typer.Option(None, "--engine", metavar="vllm|sglang",
+                       help="load kvconv's plugin in the engine's processes: it registers the KV caches and each "
+                            "step's slots, so --writes is judged against the engine's own mapping (docs/CANARY.md)")
+
+
 # The command is what follows the options: everything after ``--`` (or after the first word that is not an option)
 # is passed on as it is; before it, an unknown option is a usage error ("No such option: --kernal", exit 2), not the
 # name of a command to run.
-@app.command(context_settings={"allow_extra_args": True, "allow_interspersed_args": False})
+@app.command(context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
+             options_metavar="[OPTIONS] -- CMD ARGS...")
 def record(
     ctx: typer.Context,
-    kernel: list[str] | None = typer.Option(None, "--kernel", "-k", metavar="PATTERN",
-                                            help="substring of a target kernel name (repeatable; mangled or "
-                                                 "demangled); default reshape_and_cache_flash_kernel"),
+    kernel: list[str] | None = _KERNEL,
     output: str = output_option("dump path; %p = pid, %c = CUDA context index", "kvconv-%p.kvdump"),
-    device_capacity: int | None = typer.Option(None, "--device-capacity",
-                                               help="device events per context (default 1048576)"),
-    host_capacity: int | None = typer.Option(None, "--host-capacity",
-                                             help="host records per table (default 65536)"),
-    events: str | None = typer.Option(None, "--events", help="block events: enter, exit or enter,exit (default: "
-                                      "$KVCONV_EVENTS when set, else enter)"),
-    clock_sync_ms: int | None = typer.Option(None, "--clock-sync-ms",
-                                             help="clock-sync period in ms (default 0: start and end pairs "
-                                                  "only; a period slows graph replays, docs/TRACER.md)"),
-    no_build: bool = typer.Option(False, "--no-build", help="fail instead of building native/ when missing"),
-    no_validate: bool = typer.Option(False, "--no-validate", help="skip validating the dump(s)"),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="tracer log level (repeat for more)"),
+    device_capacity: int | None = _DEVICE_CAPACITY,
+    host_capacity: int | None = _HOST_CAPACITY,
+    events: str | None = _EVENTS,
+    clock_sync_ms: int | None = _CLOCK_SYNC,
+    no_build: bool = _NO_BUILD,
+    no_validate: bool = _NO_VALIDATE,
+    verbose: int = _VERBOSE,
     force: bool = FORCE,
-    writes: bool = typer.Option(False, "--writes", help="also record the KV slots each block of the target kernels "
-                                "writes (the write-address canary: kvconv canary --writes; docs/CANARY.md)"),
-    capture_range: str | None = typer.Option(
-        None, "--capture-range", metavar="WHEN",
-        help="record only from: profiler (cudaProfilerStart to cudaProfilerStop), graph (the first replay of a graph "
-             "holding a target kernel: an engine's eager warm-up left out), launches:N (after N target launches), "
-             "signal (SIGUSR1 starts, SIGUSR2 stops), nvtx:NAME (while an NVTX range named NAME is open); default "
-             "none: from start (docs/TRACER.md)"),
-    capture_range_end: str | None = typer.Option(
-        None, "--capture-range-end", metavar="stop|repeat",
-        help="at a range's end: stop recording for good (default) or repeat at the next start"),
-    engine: str | None = typer.Option(
-        None, "--engine", metavar="vllm|sglang",
-        help="load kvconv's plugin in the engine's processes: it registers the KV caches and each step's slots, so "
-             "--writes is judged against the engine's own mapping (docs/CANARY.md)"),
+    writes: bool = _WRITES,
+    capture_range: str | None = _CAPTURE_RANGE,
+    capture_range_end: str | None = _CAPTURE_RANGE_END,
+    engine: str | None = _ENGINE,
 ) -> None:
     """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
 
@@ -113,14 +124,12 @@ def _report_dump(p: str, rep) -> int | None:
                  else [f.line() for f in rep.findings if f.severity != "info"]):
         sys.stdout.write(demangle_text(text) + "\n")  # kernel names demangled, as kvconv validate's text
     # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
+    from kvconv.check.verdict import EXIT_CODES, LABELS
+
     v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
-    word = _VERDICT_WORD.get(v, v) if v != "nothing-checked" else "NOTHING CHECKED (no target kernel ran here)"
+    word = LABELS[v] + (" (no target kernel ran here)" if v == "nothing-checked" else "")
     sys.stdout.write(f"{p}{who}: {word}\n")
-    return getattr(rep, "exit_code", 0 if rep.valid else 1)
-
-
-_VERDICT_WORD = {"ok": "valid", "failed": "INVALID", "nothing-checked": "NOTHING CHECKED", "incomplete": "INCOMPLETE",
-                 "unreadable": "UNREADABLE"}
+    return EXIT_CODES[v]
 
 
 def record_events(option: str | None) -> str:

@@ -29,28 +29,20 @@ app = typer.Typer()
 _JOIN = typer.Option("auto", "--join", metavar="auto|exact|ordered", help="the join, as kvconv reconcile's")
 
 
-def _profile(path: Path, *, join: str, salvage: bool, popts, what: str):
-    """The dump's verdict (kvconv validate's report, as a dict) and its profile (None where the records are damaged:
-    a payload checksum that does not match; the verdict says so)."""
-    from kvconv.check.validate import ValidateOptions, validate
-    from kvconv.format import dump
-    from kvconv.format.errors import FormatError, KvconvError
-    from kvconv.look.profile import profile
+def _judged(dr, *, popts, what: str) -> tuple[dict, object]:
+    """A dump's verdict (validate's report, as a dict) and profile, each read once (the profile None where the
+    records are damaged: the verdict says so); an unreadable dump raises its one-line error."""
     from kvconv.progress import Progress
 
-    rep = validate(path, options=ValidateOptions(salvage=salvage))
-    if rep.unreadable:
-        first = next(f for f in rep.findings if f.severity == "error")
-        raise FormatError(first.message, path=first.path, offset=first.offset, field=first.field, group=first.group,
-                          code=first.code)
     try:
-        with dump.open(path, options=dump.ReadOptions(salvage=salvage)) as d:
-            with Progress(f"{what} {Path(path).name}", total=0, size_bytes=d.size, options=popts) as bar:
-                return rep.to_dict(), profile(d, join=join, progress=bar.update)
-    except KvconvError:
-        if rep.verdict != "failed":
-            raise
-        return rep.to_dict(), None
+        error = dr.unreadable_error()
+        if error is not None:
+            raise error
+        with Progress(f"{what} {Path(dr.path).name}", total=0, size_bytes=None, options=popts) as bar:
+            dr.progress = bar.update
+            return dr.validation.to_dict(), dr.profile
+    finally:
+        dr.close()
 
 
 @app.command("report")
@@ -71,48 +63,43 @@ def report_cmd(
 
     Example: kvconv report run.kvdump -o report.html
     """
-    from kvconv.check import reconcile, skew
-    from kvconv.cli.common import Outcome, finish
-    from kvconv.format.atomic import atomic_output, check_output
+    import kvconv
+    from kvconv.format.atomic import check_output
+    from kvconv.cli import interrupt
+    from kvconv.cli.common import Outcome, envelope, finish, print_json, verdict_warnings
     from kvconv.format.errors import KvconvError, UsageError
-    from kvconv.look import report
     from kvconv.progress import ProgressOptions
+    from kvconv.run import RunOptions
     from kvconv.wording import counted
 
-    reconcile.ReconcileOptions(join=join)  # a bad --join is refused before any work
+    run = kvconv.open(dump_paths, options=RunOptions(join=join, salvage=salvage))
+    run.options.reconcile_options()  # a bad --join is refused before any work
     if as_json and output == "-":
         raise UsageError("--json prints its document on stdout: give -o PATH for the page", code="bad-output")
     check_output(output, inputs=dump_paths, kind="report", force=force)
+    interrupt.output(output)  # a signal once it is in place keeps it, and says so
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
-    judged = []
-    for p in dump_paths:
+    for dr in run.dumps:
         try:
-            judged.append(_profile(p, join=join, salvage=salvage, popts=popts, what="report"))
+            _judged(dr, popts=popts, what="report")
         except KvconvError as e:
             if not as_json:
                 raise
-            finish("report", [Outcome(str(p), e.exit_code, error=e)], as_json=True)
-    verdicts, profiles = [v for v, _ in judged], [p for _, p in judged]
-    whole = [(str(path), p) for path, p in zip(dump_paths, profiles) if p is not None]
-    cross = skew.cross_dump([w for w, _ in whole], [p.reconcile for _, p in whole]) if len(whole) > 1 else None
-    page = report.page(profiles, cross=cross, verdicts=verdicts)
-    data = page.html.encode("utf-8")
-    with atomic_output(output, inputs=dump_paths, kind="report", force=force) as tmp:
-        Path(tmp).write_bytes(data)
+            finish("report", [Outcome(dr.path, e.exit_code, error=e)], as_json=True)
+    page = run.report(output, force=force)
     if as_json:  # the page is written for every readable dump; each dump's result is its verdict
-        from kvconv.cli.common import Outcome, envelope, print_json
-
-        outs = [Outcome(v["path"], v["exit_code"], {"verdict": v["verdict"], "incidents": len(v["incidents"])})
-                for v in verdicts]
-        print_json(envelope("report", outs, output={"path": output, "bytes": len(data), "plots": page.plots}))
-    elif not quiet:
-        where = "stdout" if output == "-" else output
-        (sys.stderr if output == "-" else sys.stdout).write(
-            f"wrote {where}: {counted(len(profiles), 'dump')}, {counted(page.plots, 'plot')}, "
-            f"{counted(len(data), 'byte')}\n" + "".join(f"{v['path']}: verdict {v['verdict']} (exit {v['exit_code']}; "
-                                                      f"{counted(len(v['incidents']), 'incident')} in the report)\n"
-                                                      for v in verdicts if v["verdict"] != "ok"))
-    code = max(v["exit_code"] for v in verdicts)
+        outs = [Outcome(dr.path, dr.exit_code, {"verdict": dr.verdict, "incidents": len(dr.incidents)})
+                for dr in run.dumps]
+        print_json(envelope("report", outs, output=page))
+    else:
+        if not quiet:
+            where = "stdout" if output == "-" else output
+            (sys.stderr if output == "-" else sys.stdout).write(
+                f"wrote {where}: {counted(len(run.dumps), 'dump')}, {counted(page['plots'], 'plot')}, "
+                f"{counted(page['bytes'], 'byte')}\n")
+            sys.stdout.flush()
+        verdict_warnings(run, done="the page was written")  # as the converters say it, -q or not
+    code = max(dr.exit_code for dr in run.dumps)
     if code:
         raise typer.Exit(code)
 
@@ -141,25 +128,27 @@ def diff_cmd(
 
     Example: kvconv diff before.kvdump after.kvdump --max-median-change 0.05
     """
-    from kvconv.check import reconcile
+    import kvconv
     from kvconv.cli.common import Outcome, envelope, print_json
     from kvconv.format.errors import KvconvError
     from kvconv.look import diff
     from kvconv.progress import ProgressOptions
+    from kvconv.run import RunOptions
 
     opts = diff.DiffOptions(max_median_change=max_median_change, max_p99_change=max_p99_change,
                             noise_factor=noise_factor, max_drops=max_drops)
-    reconcile.ReconcileOptions(join=join)
-    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
+    run = kvconv.open([a, b], options=RunOptions(join=join, salvage=salvage))
+    run.options.reconcile_options()
+    popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
     outcomes, profiles = [], []
-    for p in (a, b):
+    for dr in run.dumps:
         try:
-            profiles.append(_profile(p, join=join, salvage=salvage, popts=popts, what="diff"))
-            outcomes.append(Outcome(str(p), 0, _summary(*profiles[-1])))
+            profiles.append(_judged(dr, popts=popts, what="diff"))
+            outcomes.append(Outcome(dr.path, 0, _summary(*profiles[-1])))
         except KvconvError as e:
             if not as_json:
                 raise
-            outcomes.append(Outcome(str(p), e.exit_code, error=e))
+            outcomes.append(Outcome(dr.path, e.exit_code, error=e))
     res = (diff.compare(profiles[0][1], profiles[1][1], options=opts, verdicts=(profiles[0][0], profiles[1][0]))
            if len(profiles) == 2 else None)
     code = max([o.exit for o in outcomes] + [res["exit"] if res else 0])

@@ -31,13 +31,10 @@ STEPS = (["info", DUMP], ["validate", DUMP], ["reconcile", DUMP],
          ["arrow", DUMP, "-o", "qwen3-14b-parquet", "--format", "parquet"])
 
 
-def run(out: str | os.PathLike, *, main: Callable[[list[str]], int] | None = None, force: bool = False) -> int:
+def run(out: str | os.PathLike, *, main: Callable[[list[str]], int], force: bool = False) -> int:
     """Write the demo's folder ``out``, each step run by ``main`` (``kvconv.cli.main``); return the worst step's
     exit status. A step stopped by a signal (exit 128 + n) stops the demo, and the unfinished folder is removed."""
     from kvconv.demo import qwen3_14b
-
-    if main is None:  # until the CLI's demo command hands its main over
-        from kvconv.cli import main
 
     worst = 0
     here = os.getcwd()

@@ -162,9 +162,36 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
                 # a large dump's contexts: one launch table in memory at a time, without the columns no table writes
                 with c.held(drop=("host_ns", "node", "flags", "dup", "gx", "gy", "gz")):
                     _joined_tables(pa, c, sink, options, res)
+            _contextless(pa, paths, ctxs, Path(tmp), ext, options)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     res.tables = sum(1 for p in Path(out).iterdir() if p.is_dir())
     return res
+
+
+def _contextless(pa, paths, ctxs, root: Path, ext: str, options: EmitOptions) -> None:
+    """A dump none of whose contexts is drawn (no per-context record: its producer ended before its first target
+    launch, say) still gets its metadata table: what ran, and why nothing else is there."""
+    from kvconv.emit._contexts import _safe
+    from kvconv.format import dump as dumpmod
+
+    drawn, runs = {c.dump.path for c in ctxs}, {c.run for c in ctxs}
+    for di, p in enumerate(paths):
+        if str(p) == "-" or str(p) in drawn:
+            continue
+        with dumpmod.open(p, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage)) as d:
+            stem = _safe(Path(d.path).name.split(".")[0])
+            run = stem if stem not in runs else f"{stem}-{di}"
+            runs.add(run)
+            for g in d.groups_of("metadata"):
+                meta = {"kvconv.format_version": f"{layout.MAJOR}.{max((x.minor for x in d.groups), default=0)}",
+                        "kvconv.run": run, "kvconv.source": Path(d.path).name, "kvconv.table": "metadata"}
+                schema = pa.schema([pa.field("context_id", pa.uint32()), pa.field("json", pa.string())],
+                                   metadata=meta)
+                path = root / "metadata" / f"run={run}" / f"device={g.device_id}" / f"part-ctx{g.context_id}.{ext}"
+                s = _Sink(pa, root, path, schema, options)
+                s.write({"context_id": np.full(1, g.context_id, np.uint32),
+                         "json": [json.dumps(d.metadata(context_id=g.context_id), sort_keys=True)]})
+                s.close()
 
 
 def _sinks(pa, c, root: Path, ext: str, options: EmitOptions, res: EmitResult):

@@ -210,16 +210,14 @@ def _canary(pa, pb) -> list[dict]:
                    sb.get(k, 0) > sa.get(k, 0)) for k in ("unexpected_pages", "missing_pages")]
 
 
-# how bad a verdict is, for "B's verdict is worse than A's" (schemas/codes.json verdicts)
-_RANK = {"ok": 0, "incomplete": 1, "nothing-checked": 2, "failed": 3, "unreadable": 4}
-
-
 def _verdicts(va: dict, vb: dict) -> list[dict]:
     def keys(v):
         return Counter(f"{i['code']}: {i['message'].replace(v['path'], '')}" for i in v["incidents"]
                        if i["severity"] == "error")
 
-    out = [_check("verdict", "dump", va["verdict"], vb["verdict"], _RANK[vb["verdict"]] > _RANK[va["verdict"]])]
+    from kvconv.check.verdict import RANK  # how bad a verdict is (schemas/codes.json verdicts)
+
+    out = [_check("verdict", "dump", va["verdict"], vb["verdict"], RANK[vb["verdict"]] > RANK[va["verdict"]])]
     ka, kb = keys(va), keys(vb)
     new, gone = list(kb - ka), list(ka - kb)  # in the dumps' order
     # error-level only, and named so: "incidents: 0 -> 0" beside validate's "2 incidents" (warnings) read as a

@@ -65,6 +65,14 @@ def _with_rc(fn):
     return wrapper
 
 
+def _whole(*axes) -> None:
+    """Axes that count things (replays, nodes, pages, steps, SMs, launches): ticks at whole numbers only."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _band(ax, x, b: dict, *, label: str, color: str) -> None:
     """A binned series: the median as a line, min..max as a band when bins hold several items."""
     if b["per_bin"] > 1:
@@ -82,6 +90,7 @@ def replay_timing(spans_ns: np.ndarray, gaps_ns: np.ndarray, *, title: str) -> s
         ax.set_xlabel("replay (position)" + (f", {b['per_bin']} per bin: median, min..max" if b["per_bin"] > 1
                                               else ""))
         ax.set_ylabel(f"{label} (ms)")
+        _whole(ax.xaxis)
         ax.set_title(f"{title}: {label} per replay")
         ax.grid(alpha=0.3)
     return _svg(fig)
@@ -107,6 +116,7 @@ def heatmap(m: np.ndarray, first_rows: np.ndarray, *, title: str, label: str, un
         fig.colorbar(im, ax=ax, label=what)
         ax.set_ylabel("node ordinal")
         ax.set_xlabel("replay (position)" + (f", {step} per column: median" if step > 1 else ""))
+        _whole(ax.xaxis, ax.yaxis)
     fig.suptitle(title, fontsize=10)
     axes[0].set_title("as recorded")
     axes[1].set_title("change from replay to replay")
@@ -128,6 +138,7 @@ def sm_blocks(counts: np.ndarray, *, title: str) -> str:
     ax.bar(first, s, width=width * 0.9, align="edge", color="tab:green")
     ax.set_xlabel("SM id" + (f" ({width} per bar)" if width > 1 else ""))
     ax.set_ylabel("blocks")
+    _whole(ax.xaxis, ax.yaxis)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     return _svg(fig)
@@ -155,6 +166,7 @@ def launch_blocks(expected: np.ndarray, recorded: np.ndarray, *, title: str) -> 
                         xytext=(4, 4), color="tab:red", fontsize=8)
     ax.set_xlabel("launch (host order)" + (f", {width} per step: sums" if width > 1 else ""))
     ax.set_ylabel("blocks")
+    _whole(ax.xaxis)
     ax.set_yscale("symlog", linthresh=1)
     ax.set_title(title)
     ax.legend(loc="best", fontsize=8)
@@ -170,9 +182,10 @@ def canary_grid(g: dict, *, title: str) -> str:
     extent = (g["x0"] - 0.5, g["x0"] + c.shape[1] * g["wx"] - 0.5, g["y0"] - 0.5, g["y0"] + c.shape[0] * g["wy"] - 0.5)
     im = ax.imshow(np.ma.masked_equal(c, 0), aspect="auto", interpolation="nearest", cmap=_cmap("Reds"),
                    origin="lower", extent=extent, vmin=0)
-    fig.colorbar(im, ax=ax, label="pages (buffers summed)")
+    _whole(fig.colorbar(im, ax=ax, label="pages (buffers summed)").ax.yaxis)
     ax.set_xlabel("step" + (f" ({g['wx']} per column)" if g["wx"] > 1 else ""))
     ax.set_ylabel("page" + (f" ({g['wy']} per row)" if g["wy"] > 1 else ""))
+    _whole(ax.xaxis, ax.yaxis)
     ax.set_title(title)
     return _svg(fig)
 
@@ -190,6 +203,7 @@ def skew(per_member: list[tuple[str, np.ndarray]], bound_ns: list, *, title: str
     ax.axhline(0, color="0.4", linewidth=0.8)
     ax.set_xlabel("replay (position)")
     ax.set_ylabel("start skew vs first dump (µs)")
+    _whole(ax.xaxis)
     ax.set_title(title)
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)

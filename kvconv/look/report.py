@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kvconv.look import bins, plots
+from kvconv.wording import counted
 
 MAX_FINDINGS = 200  # findings listed one per line; the rest counted per code
 
@@ -134,18 +135,19 @@ def _ranks(doc: _Doc, profiles: list, cross: dict | None) -> None:
                    for j, (st, sl, b) in enumerate(zip(e["skew_ns"], e["last_node_skew_ns"], e["bound_ns"]), 1)])
 
 
-_VERDICT = {"ok": ("ok", "ok: every check ran and found no error"),
-            "failed": ("bad", "FAILED: evidence of a fault"),
-            "incomplete": ("warn", "INCOMPLETE: the producer died or was killed; what it published is consistent"),
-            "nothing-checked": ("warn", "NOTHING CHECKED: no target launch traced and no canary step recorded"),
-            "unreadable": ("bad", "UNREADABLE")}
+def _verdict_head(verdict: str) -> tuple[str, str]:
+    """The style and the headline of a verdict (kvconv.check.verdict's words and meaning)."""
+    from kvconv.check.verdict import MEANS, RANK, STATES
+
+    style = "ok" if RANK[verdict] == 0 else "bad" if RANK[verdict] >= RANK["failed"] else "warn"
+    return style, f"{STATES[verdict]}: {MEANS[verdict]}"
 
 
 def _verdict(doc: _Doc, v: dict) -> None:
     """The dump's one verdict and its incidents (request, step, slot, caches where the cause names them)."""
-    cls, text = _VERDICT[v["verdict"]]
+    cls, text = _verdict_head(v["verdict"])
     doc.add(f'<div class="agree {cls}" data-verdict="{_e(v["verdict"])}">verdict: {_e(text)} '
-            f'({v["errors"]:,} errors, {v["warnings"]:,} warnings; exit {v["exit_code"]})</div>')
+            f'({counted(v["errors"], "error")}, {counted(v["warnings"], "warning")}; exit {v["exit_code"]})</div>')
     inc = v["incidents"]
     doc.add(f"<h3>Incidents ({len(inc):,})</h3>")
     if not inc:
@@ -238,8 +240,10 @@ def _context_plots(doc: _Doc, cv, c: dict) -> None:
 
 def _graph_plots(doc: _Doc, gv, g: dict, label: str, cal: dict | None = None) -> None:
     name = f"graph exec {g['graph_exec']}"
-    doc.add(f"<h3>{_e(label)}: {_e(name)}</h3><p>{g['nodes']} nodes, {g['replay_count']:,} replays, "
-            f"{'stable node order' if g['stable_order'] else 'node order changes'}, {len(g['streams'])} stream(s); "
+    doc.add(f"<h3>{_e(label)}: {_e(name)}</h3><p>{counted(g['nodes'], 'node')}, "
+            f"{counted(g['replay_count'], 'replay')}, "
+            f"{'stable node order' if g['stable_order'] else 'node order changes'}, "
+            f"{counted(len(g['streams']), 'stream')}; "
             f"kernels: {_e(', '.join(g['kernels'][:8]))}</p>")
     per = gv.per_replay
     if per:
@@ -265,9 +269,10 @@ def _graph_plots(doc: _Doc, gv, g: dict, label: str, cal: dict | None = None) ->
 def _canary(doc: _Doc, can: dict) -> None:
     s = can["summary"]
     doc.add("<h3>Location canary</h3>",
-            f"<p>{s['records']:,} canary records, {s['steps_checked']:,} steps checked: {s['unexpected_pages']:,} "
-            f"unexpected pages in {s['steps_with_unexpected']:,} steps, {s['missing_pages']:,} missing pages in "
-            f"{s['steps_with_missing']:,} steps: <b>{_e(can['verdict'])}</b></p>")
+            f"<p>{counted(s['records'], 'canary record')}, {counted(s['steps_checked'], 'step')} checked: "
+            f"{counted(s['unexpected_pages'], 'unexpected page')} in {counted(s['steps_with_unexpected'], 'step')}, "
+            f"{counted(s['missing_pages'], 'missing page')} in {counted(s['steps_with_missing'], 'step')}: "
+            f"<b>{_e(can['verdict'])}</b></p>")
     for what, g in sorted(can["grids"].items()):
         doc.figure(f"canary-{what}", plots.canary_grid(g, title=f"canary: {what} pages by step and page"),
-                   f"{int(np.asarray(g['counts']).sum()):,} {what} pages")
+                   counted(int(np.asarray(g["counts"]).sum()), f"{what} page"))

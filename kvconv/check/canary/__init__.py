@@ -50,14 +50,9 @@ from kvconv.format import layout
 from kvconv.format.errors import KvconvError
 from kvconv.format.findings import Finding
 
-__all__ = ["CanaryOptions", "CanaryResult", "Steps", "check", "describe_pages", "runs", "MAX_LISTED",
-           "VERDICTS", "EXIT_CODES"]
+__all__ = ["CanaryOptions", "CanaryResult", "Steps", "check", "describe_pages", "runs", "MAX_LISTED"]
 
 FLAGS = _batch.FLAGS
-# The verdict of a check and the exit status of `kvconv canary` for it (2: the dump cannot be read; 3: internal
-# error, kvconv's own bug). Nothing checked is not a pass.
-VERDICTS = ("ok", "failed", "nothing-checked")
-EXIT_CODES = {"ok": 0, "failed": 1, "nothing-checked": 4}
 _COUNTS = ("steps_checked", "steps_with_unexpected", "steps_with_missing", "unexpected_pages", "missing_pages")
 
 
@@ -136,10 +131,11 @@ class CanaryResult:
 
     @property
     def verdict(self) -> str:
-        """``failed``: an error-level finding; ``nothing-checked``: no canary record could be checked; else ``ok``."""
-        if any(f.severity == "error" for f in self.findings):
-            return "failed"
-        return "ok" if self.counts["steps_checked"] else "nothing-checked"
+        """This check's part of the verdict, as :func:`kvconv.check.verdict.part` judges it: ``failed`` (an
+        error-level finding), ``nothing-checked`` (no canary record could be checked) or ``ok``."""
+        from kvconv.check.verdict import part
+
+        return part(self.findings, checked=bool(self.counts["steps_checked"]))
 
     @property
     def ok(self) -> bool:

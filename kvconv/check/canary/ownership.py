@@ -31,11 +31,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from kvconv.check.canary.write_join import releases
-from kvconv.format import layout
+from kvconv.check.canary.write_join import PAD_FLAG, releases
 
 CODE = "writes-live-overwrite"
-_PAD = layout.ENUMS["slot_map_flags"]["pad"]
 NO_RELEASE = "no release recorded: a request owns its slots until its last step"
 BY_TIME = "steps and releases ordered by host time (write_step.begin_ns)"
 BY_STEP = "steps ordered by step number (the steps carry no host time)"
@@ -100,7 +98,7 @@ def _context(d, ctx, steps, smap, report, own: Ownership) -> None:
         if rel[si]:
             continue
         _, r = rows(si)
-        live = r[((r["flags"] & _PAD) == 0) & (r["slot"] >= 0) & (r["request_id"] > 0)]
+        live = r[((r["flags"] & PAD_FLAG) == 0) & (r["slot"] >= 0) & (r["request_id"] > 0)]
         for req in np.unique(live["request_id"]).tolist():
             last[req] = k
     owner: dict[int, tuple[int, int]] = {}  # slot -> (request, step number of its token)
@@ -118,7 +116,7 @@ def _context(d, ctx, steps, smap, report, own: Ownership) -> None:
                     held[o[0]].discard(s)
             continue
         st = int(steps[si]["step"])
-        keep = np.flatnonzero(((r["flags"] & _PAD) == 0) & (r["slot"] >= 0) & (r["request_id"] > 0))
+        keep = np.flatnonzero(((r["flags"] & PAD_FLAG) == 0) & (r["slot"] >= 0) & (r["request_id"] > 0))
         for j, s, req in zip(keep.tolist(), r["slot"][keep].tolist(), r["request_id"][keep].tolist()):
             o = owner.get(s)
             if o is not None and o[0] != req and last.get(o[0], -1) >= k:

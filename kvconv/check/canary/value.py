@@ -110,11 +110,6 @@ def check(d, *, path: str | None = None) -> ValueResult:
     return res
 
 
-def validate_hook(d, c) -> None:
-    """``kvconv validate``'s check of the value_digest kind (schemas/layouts.json): the findings of :func:`check`."""
-    c.out.extend(check(d, path=c.path).findings)
-
-
 def steps_checked(d) -> int:
     """How many (context, step) pairs the dump's value_digest records check (the verdict's coverage)."""
     seen = set()

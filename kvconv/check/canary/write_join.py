@@ -23,7 +23,7 @@ import numpy as np
 from kvconv.format import layout
 
 _SW = layout.ENUMS["slot_write_flags"]
-_PAD = layout.ENUMS["slot_map_flags"]["pad"]
+PAD_FLAG = layout.ENUMS["slot_map_flags"]["pad"]  # a padding row of a step's slot mapping
 _RELEASE = layout.ENUMS["slot_map_flags"]["release"]
 KINDS = ("cache", "slot_write", "write_step", "slot_map", "graph_node", "eager_launch")
 # what each write is, in the canary's terms (status codes index STATUS)
@@ -159,8 +159,9 @@ def step_map(steps, smap, si: int) -> dict:
     >= 0 of padding rows (sentinels where writes are allowed), ``rows`` its slot_map records."""
     s = steps[si]
     rows = smap[int(s["map_first"]):int(s["map_first"]) + int(s["map_count"])]
-    live = {int(r["slot"]): int(r["request_id"]) for r in rows if not int(r["flags"]) & _PAD and int(r["slot"]) >= 0}
-    pad = {int(r["slot"]) for r in rows if int(r["flags"]) & _PAD and int(r["slot"]) >= 0}
+    live = {int(r["slot"]): int(r["request_id"]) for r in rows
+            if not int(r["flags"]) & PAD_FLAG and int(r["slot"]) >= 0}
+    pad = {int(r["slot"]) for r in rows if int(r["flags"]) & PAD_FLAG and int(r["slot"]) >= 0}
     return {"live": live, "pad": pad, "rows": rows}
 
 
@@ -176,7 +177,7 @@ def _tokens(steps, smap):
     si = si[: len(at)]
     m = smap[at]
     return (m["slot"].astype(np.int64), rank[si], steps["step"][si].astype(np.uint64),
-            m["request_id"].astype(np.uint64), (m["flags"] & _PAD) != 0, rank)
+            m["request_id"].astype(np.uint64), (m["flags"] & PAD_FLAG) != 0, rank)
 
 
 def _last_at_or_before(ms, mr, qs, qr) -> np.ndarray:

@@ -19,8 +19,10 @@ its step through the host record's ``host_ns`` inside the step's ``[begin_ns, en
   holds to another request: ``writes-live-overwrite`` (:mod:`kvconv.check.canary.ownership`).
 
     >>> from kvconv.check.canary import writes
-    >>> writes.EXIT_CODES["nothing-checked"]
-    4
+    >>> from kvconv.format import dump                                       # doctest: +SKIP
+    >>> with dump.open("fixtures/writes-stale-pad/writes-stale-pad.kvdump") as d:  # doctest: +SKIP
+    ...     writes.check(d).verdict
+    'failed'
 """
 
 from __future__ import annotations
@@ -37,9 +39,7 @@ from kvconv.check.canary.write_join import step_map as _step_map
 from kvconv.format.findings import Finding
 from kvconv.wording import counted
 
-EXIT_CODES = {"ok": 0, "failed": 1, "nothing-checked": 4}
 MAX_NAMED = 200  # findings named one by one per code; the rest are counted in one more finding
-_PAD = wj.layout.ENUMS["slot_map_flags"]["pad"]
 
 
 @dataclass
@@ -50,10 +50,17 @@ class WritesResult:
     steps: list[dict] = field(default_factory=list)
 
     @property
+    def checked(self) -> bool:
+        """Whether a write address was checked: slot_write records and a recorded step to judge them against."""
+        return bool(self.summary.get("records") and self.summary.get("steps"))
+
+    @property
     def verdict(self) -> str:
-        if any(f.severity == "error" for f in self.findings):  # a live overwrite needs no slot_write record
-            return "failed"
-        return "nothing-checked" if not self.summary.get("records") or not self.summary.get("steps") else "ok"
+        """This check's part of the verdict (:func:`kvconv.check.verdict.part`; a live overwrite needs no slot_write
+        record to fail)."""
+        from kvconv.check.verdict import part
+
+        return part(self.findings, checked=self.checked)
 
     @property
     def ok(self) -> bool:
@@ -212,6 +219,8 @@ def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
                        f"{_name(c)!r} (id {cid})")
     conflicts = 0
     for (cid, slot), recs in written.items():
+        if slot in m["pad"] and slot not in m["live"]:  # a sentinel (SGLang's slot 0): every pad row writes it
+            continue
         blocks = {(int(sw[i]["gridid"]), int(sw[i]["tag"]), int(sw[i]["block_x"]), int(sw[i]["block_y"]),
                    int(sw[i]["block_z"])) for i in recs}
         if len(blocks) > 1:
@@ -232,21 +241,17 @@ def _row(steps, smap, si, r) -> str:
     if int(r["block_y"]) or int(r["block_z"]) or x >= len(rows):
         return ""
     t = rows[x]
-    who = "a padding row" if int(t["flags"]) & _PAD else f"request {int(t['request_id'])}"
+    who = "a padding row" if int(t["flags"]) & wj.PAD_FLAG else f"request {int(t['request_id'])}"
     return f"; block x {x} is batch row {x} of the step: {who}, mapped to slot {int(t['slot'])}"
 
 
-def report_text(res: WritesResult) -> str:
+def summary_line(res: WritesResult) -> str:
+    """The first line of ``kvconv canary --writes``: what was checked and what was found, counted."""
     s = res.summary
-    lines = [f"{res.path}: {s.get('records', 0)} slot-write records, {s.get('steps', 0)} steps, "
-             f"{s.get('caches', 0)} caches: {s['unmapped_writes']} writes to unmapped slots, "
-             f"{s['missing_slots']} mapped slots never written, {s['outside_writes']} "
-             f"writes outside every cache, {s['slot_conflicts']} slots written by two blocks"
-             + (f"; slot ownership: {counted(s['ownership_steps'], 'step')}, {counted(s['releases'], 'release')}, "
-                f"{counted(s['live_overwrites'], 'live slot')} handed out again ({s['ownership_note']})"
-                if s.get("ownership_steps") else "")]
-    lines += [f.line() for f in res.findings]
-    verdicts = {"ok": "ok", "failed": "FAILED",
-                "nothing-checked": "NOTHING CHECKED (no slot_write records or steps; see docs/CANARY.md)"}
-    lines.append(verdicts[res.verdict])
-    return "\n".join(lines)
+    return (f"{res.path}: {s.get('records', 0)} slot-write records, {s.get('steps', 0)} steps, "
+            f"{s.get('caches', 0)} caches: {s['unmapped_writes']} writes to unmapped slots, "
+            f"{s['missing_slots']} mapped slots never written, {s['outside_writes']} "
+            f"writes outside every cache, {s['slot_conflicts']} slots written by two blocks"
+            + (f"; slot ownership: {counted(s['ownership_steps'], 'step')}, {counted(s['releases'], 'release')}, "
+               f"{counted(s['live_overwrites'], 'live slot')} handed out again ({s['ownership_note']})"
+               if s.get("ownership_steps") else ""))

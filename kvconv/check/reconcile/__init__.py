@@ -373,10 +373,9 @@ def _seq_range_note(s: ContextStream, notes: Notes) -> None:
                   listed=False)
 
 
-def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: Notes, *,
-                      stream: ContextStream | None = None, tables: bool = True, launches: bool = False):
-    """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table,
-    (device events, matched, host launches)). ``stream``: the context's streaming pass, used when it answers."""
+def _source(d, ctx: int, options: ReconcileOptions, notes: Notes, stream: ContextStream | None, tables: bool):
+    """The context's events and launch table: ``(s, w, ev, t, n_all)``, the streaming pass ``s`` when it answers
+    (with the ordered join's window pass ``w`` when that one can), else the events loaded now (``ev``)."""
     s, w = stream, None
     if s is not None and not s.usable(_mode(options.join, s.any_gid)):
         if _mode(options.join, s.any_gid) == "ordered" and s.in_order and not tables:
@@ -387,10 +386,29 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
             s = None
     if s is not None:
         _seq_range_note(s, notes)
-        ev, t, n_all = None, s.t, s.n_all
-    else:
-        ev = load_events(d, ctx, notes)
-        t, n_all = (stream.t if stream is not None else LaunchTable.load(d, ctx)), ev.n_all
+        return s, w, None, s.t, s.n_all
+    ev = load_events(d, ctx, notes)
+    return None, None, ev, (stream.t if stream is not None else LaunchTable.load(d, ctx)), ev.n_all
+
+
+def _counted(t: LaunchTable, ev, j, s, w, drops, names: dict, notes: Notes, options: ReconcileOptions):
+    """The join's tally and the block counts per launch; a gridid that contradicts the ordered join withdraws its
+    launches (the timing and the device counts are the tally after it)."""
+    tally = w.tally if w is not None else s.b.finish(s.n) if s is not None else tally_match(t, ev, j.match)
+    counts = count_blocks(t, tally, j.ordered, drops, names, notes, options.strict_coverage)
+    if w is not None and w.contradicted[0]:
+        gridid_note(notes, *w.contradicted)
+        tally = w.after
+    elif w is None and j.mode == "ordered" and check_ordered_against_gridid(ev, t, j.match, notes):
+        tally = tally_match(t, ev, j.match)
+    return tally, counts
+
+
+def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: Notes, *,
+                      stream: ContextStream | None = None, tables: bool = True, launches: bool = False):
+    """load -> join -> count -> time -> report, for one context: (report dict, matches table, launches table,
+    (device events, matched, host launches)). ``stream``: the context's streaming pass, used when it answers."""
+    s, w, ev, t, n_all = _source(d, ctx, options, notes, stream, tables)
     drops = load_drops(d, ctx, notes)
     if t.upload.any():
         notes.add("info", "graph-uploads-ignored", f"{int(t.upload.sum()):,} graph-node records flagged graph_upload "
@@ -404,13 +422,7 @@ def reconcile_context(d, ctx: int, dev: int, options: ReconcileOptions, notes: N
         t = s.t = replace(t, host_ns=None, stream=None if w is None else t.stream)
     _duplicate_findings(t, names, notes)
     j = _join(ev, t, drops, names, notes, options.join, s, w)
-    tally = w.tally if w is not None else s.b.finish(s.n) if s is not None else tally_match(t, ev, j.match)
-    counts = count_blocks(t, tally, j.ordered, drops, names, notes, options.strict_coverage)
-    if w is not None and w.contradicted[0]:
-        gridid_note(notes, *w.contradicted)
-        tally = w.after  # withdrawn launches: the timing and the device counts after it
-    elif w is None and j.mode == "ordered" and check_ordered_against_gridid(ev, t, j.match, notes):
-        tally = tally_match(t, ev, j.match)  # withdrawn launches: the timing and the device counts after it
+    tally, counts = _counted(t, ev, j, s, w, drops, names, notes, options)
     graph_reports = device_side(graphs, t, tally)
     ac = agreement_counts(t, tally, counts, drops, j.extra_replay_events)
     if not counts_agree(ac) and not notes.mismatches and not counts.unflushed:  # (a dead producer's end: said)

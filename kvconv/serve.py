@@ -6,7 +6,7 @@ The server answers only ``GET /NAME`` (anything else: 404) and stops after the f
 ``timeout`` seconds pass without it being fetched. Over ssh (no browser, no DISPLAY) the URL is printed instead; forward
 the port first (``ssh -L 9001:127.0.0.1:9001 host``) so the browser on your side reaches the server.
 
-    >>> from kvconv.open import OpenOptions, serve_once
+    >>> from kvconv.serve import OpenOptions, serve_once
     >>> serve_once("run.pftrace", options=OpenOptions(browser=False, timeout=60))  # doctest: +SKIP
     'https://ui.perfetto.dev/#!/?url=http://127.0.0.1:9001/run.pftrace'
 """

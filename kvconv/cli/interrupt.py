@@ -1,0 +1,103 @@
+"""What Ctrl-C (SIGINT), SIGTERM and SIGHUP do to a command, said truthfully.
+
+While a command runs (:func:`handled`, around :func:`kvconv.cli.main`), such a signal ends it at once (nothing is
+unwound: a worker thread may hold a lock), and what it says is what happened to the output (:mod:`kvconv.format.atomic`):
+
+- an output still being written: its temporary is removed, ``Error: terminated by SIGTERM: the unfinished output is
+  removed``, exit 128 + n;
+- the output already renamed into place (the signal came while the command stated the verdict, say): the output is
+  kept, ``SIGTERM after DUMP's output was written: it is kept``, exit 0;
+- no output: ``Error: interrupted by SIGINT``, exit 128 + n.
+
+A signal the process ignores when it starts stays ignored (``nohup``). Once the command is over, the program's own
+end is not interrupted: SIGINT is ignored while Python shuts down (no ``Exception ignored ... KeyboardInterrupt``).
+
+    with interrupt.handled():
+        interrupt.output("run.pftrace")     # the command's -o: kept, and said so, once renamed into place
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+_HANDLED = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_state = {"start": 0.0, "outputs": []}
+
+
+def output(path) -> None:
+    """The output the command writes (its ``-o``); ``-`` (stdout) is not one to keep or remove."""
+    if str(path) != "-":
+        _state["outputs"].append(os.path.abspath(os.fspath(path)))
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """The handlers above while inside (main thread only; a disposition the process was given is kept)."""
+    installed = {}
+    _state["start"], _state["outputs"] = time.time(), []
+    if threading.current_thread() is threading.main_thread():
+        for s in _HANDLED:
+            default = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
+            if signal.getsignal(s) is default:
+                installed[s] = signal.signal(s, _on_signal)
+    try:
+        yield
+    finally:
+        for s, h in installed.items():
+            signal.signal(s, h)
+
+
+def quiet_shutdown() -> None:
+    """The command is over: a Ctrl-C while Python shuts down (threads joined, files closed) changes nothing."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) in (
+            signal.default_int_handler, _on_signal):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _unfinished() -> list:
+    """The temporaries of outputs being written now (kvconv.format.atomic's), removed."""
+    from kvconv.format import atomic
+
+    found = [p for p in list(atomic._ACTIVE) if os.path.lexists(p)]
+    for parent, prefix in list(atomic._PREFIXES):
+        with contextlib.suppress(OSError):
+            found += [parent / n for n in os.listdir(parent) if n.startswith(prefix)]
+    for p in found:
+        atomic._remove(p)
+    return found
+
+
+def _written() -> list[str]:
+    """The command's outputs that are in place, renamed there since it started."""
+    out = []
+    for p in _state["outputs"]:
+        with contextlib.suppress(OSError):
+            if os.stat(p).st_mtime >= _state["start"] - 1:
+                out.append(p)
+    return out
+
+
+def _on_signal(signum, frame) -> None:
+    for s in _HANDLED:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(s, signal.SIG_IGN)  # a second one while cleaning up: the cleanup runs to its end
+    name = signal.Signals(signum).name
+    code = 128 + signum
+    if _unfinished():
+        line = f"Error: terminated by {name}: the unfinished output is removed"
+    elif written := _written():
+        line, code = f"{name} after the output was written: {', '.join(written)} is kept", 0
+    else:
+        line = f"Error: interrupted by {name}"
+    with contextlib.suppress(Exception):  # what the command printed so far (a signal may land inside a write)
+        sys.stdout.flush()
+    with contextlib.suppress(OSError):  # unbuffered: safe wherever the signal arrived
+        os.write(2, (line + "\n").encode())
+    os._exit(code)
