@@ -91,6 +91,12 @@ sglang-seed() {
   mkdir -p "$out"
   sglang_env
   timed sglang-seed "$out" $REC -k store_kvcache --capture-range graph -o "$out/sglang-seed.kvdump" -- python3 $wl
+  local sched
+  sched=$(ls -S "$out"/sglang-seed.pid*.kvdump 2> /dev/null | head -1)  # the scheduler's: the largest
+  if [ -n "$sched" ]; then
+    python3 -m kvconv info "$sched" 2>&1 | grep -i -A3 "capture\|written" | head -n 12 | cut -c1-300
+    python3 -m kvconv reconcile "$sched" 2>&1 | tail -n 4 | cut -c1-300
+  fi
   timed sglang-cost-untraced "$out" python3 $wl $STPUT --torch-profile /tmp/sglang-prof
   du -sh /tmp/sglang-prof 2> /dev/null
 }
