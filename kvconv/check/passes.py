@@ -106,15 +106,19 @@ def _as_pass(name: str, fn: Callable) -> Callable[[Checking], PassResult | None]
     return run
 
 
-def run_all(st: Checking) -> None:
-    """Every pass of the registry that applies to the dump, in order; each one's findings join ``st.findings``."""
-    for p in registry():
-        if not p.applies(st.d):
-            continue
-        res = p.run(st)
-        if res is not None:
-            st.results[p.name] = res
-            st.findings.extend(res.findings)
+def run_all(st: Checking, passes: tuple[Pass, ...] | None = None) -> None:
+    """Every pass of the registry (or of ``passes``, a part of it) that applies to the dump, in order; each one's
+    findings join ``st.findings``."""
+    for p in registry() if passes is None else passes:
+        if p.applies(st.d):
+            took(st, p.name, p.run(st))
+
+
+def took(st: Checking, name: str, res: PassResult | None) -> None:
+    """A pass's result joins the dump's (None: the pass had nothing to check)."""
+    if res is not None:
+        st.results[name] = res
+        st.findings.extend(res.findings)
 
 
 # ---------------------------------------------------------------------------------------------------- the passes
@@ -168,40 +172,75 @@ _END_CODES = ("unflushed-blocks", "lost-at-end")  # one cause: the producer died
 def launches(st: Checking) -> PassResult:
     """The device events and host launch records of each context (sequence, timer, grid, kernel slots) and, fed by
     the same chunks, the reconciler; its result: the reconciliation (None with --no-reconcile)."""
-    from kvconv.check.validate_events import _check_device_events, _ContextView, _grid_tables
-    from kvconv.check.validate_records import _check_host_launches
+    lc = Launches(st)
+    for ctx, _dev in st.d.contexts():
+        lc.check_context(ctx)
+    return lc.result()
 
-    d, c = st.d, _Collector(st.path)
-    have_table = bool(d.groups_of("kernel"))
-    slots_by_ctx = st.results["kernels"].result if "kernels" in st.results else {}
-    if not have_table and (d.groups_of("device_event") or d.groups_of("graph_node")):
-        c.add("warning", "no-kernel-table", "no kernel table: kernel slots cannot be named", field="kernel")
-    rc = _reconciler(st) if st.options.reconcile and not st.unreadable else None
-    rc_error = None
-    for ctx, _dev in d.contexts():
-        slots = slots_by_ctx.get(ctx, set()) if have_table else None
-        sub = _ContextView(d, ctx)
-        s = rc.stream(ctx) if rc is not None and ctx in rc.contexts else None
-        _check_device_events(sub, c, slots, _grid_tables(d, ctx, s.t if s is not None else None),
-                             feed=s.feed if s is not None else None, pages=st.pages)
+
+class Launches:
+    """The launches pass in its parts, for validate's own walk (:func:`launches`) and for a converter's walks that
+    feed the same checks chunk by chunk (:mod:`kvconv.emit._checks`): set up once, each context checked (its device
+    events, then its host records), then :meth:`result`. Each context's findings stay apart until the result, in
+    the contexts' order, whatever order the contexts were checked in."""
+
+    def __init__(self, st: Checking) -> None:
+        d = self.d = st.d
+        self.st, self.head = st, _Collector(st.path)
+        have_table = bool(d.groups_of("kernel"))
+        by_ctx = st.results["kernels"].result if "kernels" in st.results else {}
+        self.slots = {ctx: by_ctx.get(ctx, set()) if have_table else None for ctx, _ in d.contexts()}
+        if not have_table and (d.groups_of("device_event") or d.groups_of("graph_node")):
+            self.head.add("warning", "no-kernel-table", "no kernel table: kernel slots cannot be named", field="kernel")
+        self.rc = _reconciler(st) if st.options.reconcile and not st.unreadable else None
+        self.rc_error = None
+        self.found: dict[int, list[Finding]] = {}  # context -> its findings
+
+    def stream(self, ctx: int):
+        """The reconciler's streaming pass over the context's device events (None without one)."""
+        return self.rc.stream(ctx) if self.rc is not None and ctx in self.rc.contexts else None
+
+    def check_context(self, ctx: int) -> None:
+        """validate's own pass over one context's device events, then its host records."""
+        from kvconv.check.validate_events import _check_device_events, _ContextView, _grid_tables
+
+        c, s = _Collector(self.st.path), self.stream(ctx)
+        _check_device_events(_ContextView(self.d, ctx), c, self.slots[ctx],
+                             _grid_tables(self.d, ctx, s.t if s is not None else None),
+                             feed=s.feed if s is not None else None, pages=self.st.pages)
+        self.context_done(ctx, c, s)
+
+    def context_done(self, ctx: int, c: _Collector, s) -> None:
+        """The context's device events were all checked (into ``c``, fed to ``s``): close its reconciliation, check
+        its host records, keep its findings."""
+        from kvconv.check.validate_events import _ContextView
+        from kvconv.check.validate_records import _check_host_launches
+
         if s is not None:
             try:
-                rc.close(ctx)
-            except Exception as e:  # noqa: BLE001 - damaged records: raised below only if the file is sound
-                rc_error = rc_error or e
-        _check_host_launches(sub, c, slots, st.pages)
-    sound = st.sound and not any(f.code == "payload-checksum" for f in c.out)
-    if sound and rc_error is not None:
-        raise rc_error
-    found, res = list(c.out), None
-    if sound and st.options.reconcile:
-        res = (rc if rc is not None else _reconciler(st)).result()
-        already = {f.code for f in st.findings + found}
-        # its counts-differ (no launch explains the counts: drops, nothing else missing) is `dropped`'s fact: said once
-        found += [f for f in res.findings if not (f.code == "counts-differ" and "dropped" in already)]
-    n = sum(len(g.records) for k in ("graph_node", "eager_launch") for g in d.groups_of(k))
-    return PassResult("launches", found, checked={"host_launches": n}, result=res, folds=_END_CODES,
-                      build=lambda fs: _end_incident(d, fs))
+                self.rc.close(ctx)
+            except Exception as e:  # noqa: BLE001 - damaged records: raised by result() only if the file is sound
+                self.rc_error = self.rc_error or e
+        _check_host_launches(_ContextView(self.d, ctx), c, self.slots[ctx], self.st.pages)
+        self.found[ctx] = c.out
+
+    def result(self) -> PassResult:
+        st, d = self.st, self.d
+        found = list(self.head.out)
+        for ctx, _dev in d.contexts():
+            found += self.found.get(ctx, [])
+        sound = st.sound and not any(f.code == "payload-checksum" for f in found)
+        if sound and self.rc_error is not None:
+            raise self.rc_error
+        res = None
+        if sound and st.options.reconcile:
+            res = (self.rc if self.rc is not None else _reconciler(st)).result()
+            already = {f.code for f in st.findings + found}
+            # its counts-differ (no launch explains the counts: drops, nothing else missing) is `dropped`'s fact
+            found += [f for f in res.findings if not (f.code == "counts-differ" and "dropped" in already)]
+        n = sum(len(g.records) for k in ("graph_node", "eager_launch") for g in d.groups_of(k))
+        return PassResult("launches", found, checked={"host_launches": n}, result=res, folds=_END_CODES,
+                          build=lambda fs: _end_incident(d, fs))
 
 
 def _reconciler(st: Checking):

@@ -106,7 +106,7 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
     """Validate one dump file and return a :class:`Report` with every finding: the passes of
     :func:`kvconv.check.passes.registry` that the dump's groups allow, then the verdict's coverage and incidents.
     ``progress(done, total)``: bytes of the file (:mod:`kvconv.progress`)."""
-    from kvconv.check import passes, verdict
+    from kvconv.check import passes
     from kvconv.check.validate_events import _Pages
 
     path = str(path)
@@ -122,17 +122,25 @@ def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOpti
         rep.size, rep.groups = d.size, len(d.groups)
         st = passes.Checking(d, options, progress, pages=_Pages(d, progress))
         passes.run_all(st)
-        rep.findings, rep.passes = st.findings, st.results
-        if rep.unreadable:
-            rep.incidents = [_one(f) for f in rep.findings if f.severity != "info"]
-        else:
-            cov = verdict.coverage(d, canary_steps=_checked(st, "canary"), write_steps=_checked(st, "writes"))
-            if cov is not None:
-                rep.findings.append(cov)
-            rep.incidents = verdict.incidents(rep.findings, st.results)
+        conclude(rep, st)
         if progress is not None:
             progress(d.size, d.size)
     return rep
+
+
+def conclude(rep: Report, st) -> None:
+    """The report of passes that have run (``st``: :class:`kvconv.check.passes.Checking`): their findings, then the
+    verdict's coverage finding and the incidents. Also the end of a converter's checks (kvconv.emit._checks)."""
+    from kvconv.check import verdict
+
+    rep.findings, rep.passes = st.findings, st.results
+    if rep.unreadable:
+        rep.incidents = [_one(f) for f in rep.findings if f.severity != "info"]
+        return
+    cov = verdict.coverage(st.d, canary_steps=_checked(st, "canary"), write_steps=_checked(st, "writes"))
+    if cov is not None:
+        rep.findings.append(cov)
+    rep.incidents = verdict.incidents(rep.findings, st.results)
 
 
 def _checked(st, name: str) -> int:

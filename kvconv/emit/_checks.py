@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvconv.check import passes
 from kvconv.check import validate as v
 from kvconv.check._collect import _Collector, _crc_finding
 from kvconv.check.validate_events import (
     EV_CHUNK,
     _check_sequence_unordered,
     _ChunkCrc,
-    _ContextView,
     _EventChecks,
     _grid_tables,
     _Pages,
@@ -40,94 +40,44 @@ _SEQ_OFF = layout.LAYOUTS["device_event"].field("sequence").offset
 
 
 class Checks:
-    """validate's checks of one open dump, fed context by context by the emitter's walks (:meth:`begin`)."""
+    """validate's passes over one open dump: those before ``launches`` at once, ``launches`` fed context by context
+    by the emitter's walks (:meth:`begin`), the rest at :meth:`finish`."""
 
     def __init__(self, d: dumpmod.Dump, *, salvage: bool = False) -> None:
         self.d, self.options = d, v.ValidateOptions(salvage=salvage)
         self.rep = v.Report(path=d.path, size=d.size, groups=len(d.groups))
-        self.rep.findings.extend(d.problems)  # (warnings only: the emitter's open raised on any error)
-        c = self.c = _Collector(d.path)
-        v._check_headers(d, c)
-        v._check_metadata(d, c)
-        slots = v._check_kernels(d, c)
-        self.have_table = bool(d.groups_of("kernel"))
-        self.slots = {ctx: slots.get(ctx, set()) if self.have_table else None for ctx, _ in d.contexts()}
-        if not self.have_table and (d.groups_of("device_event") or d.groups_of("graph_node")):
-            c.add("warning", "no-kernel-table", "no kernel table: kernel slots cannot be named", field="kernel")
-        self.rc = v._reconciler(d, self.options) if not self.rep.unreadable else None
-        self.pages = _Pages(d, None)
-        self.done: dict[int, _Collector] = {}  # context -> its device-event and host-record findings
+        self.st = passes.Checking(d, self.options, None, pages=_Pages(d, None))
+        reg = passes.registry()
+        at = next(i for i, p in enumerate(reg) if p.name == "launches")
+        self.launches_pass, self.after = reg[at], reg[at + 1:]
+        passes.run_all(self.st, reg[:at])
+        self.lc = passes.Launches(self.st) if self.launches_pass.applies(d) else None
         self.active: set[int] = set()  # contexts a walk is feeding now
-        self.rc_error = None
+
+    @property
+    def rc(self):
+        return self.lc.rc if self.lc is not None else None
 
     def begin(self, ctx: int, *, verifying: bool) -> _Walk | None:
         """A walk of the context's device events starts: its :class:`_Walk`, or None when the context is checked
         already or another walk is feeding it (a walk read ahead inside the first)."""
-        if ctx in self.done or ctx in self.active or ctx not in self.slots:
+        lc = self.lc
+        if lc is None or ctx in lc.found or ctx in self.active or ctx not in lc.slots:
             return None
         self.active.add(ctx)
         return _Walk(self, ctx, verifying=verifying)
 
     def finish(self) -> v.Report:
         """The dump's report, as :func:`kvconv.check.validate.validate` gives it."""
-        d, c, rep = self.d, self.c, self.rep
-        for ctx, _dev in d.contexts():
-            if ctx not in self.done:  # no walk of the emitter ran to the end: validate's own pass over it
-                self._own_walk(ctx)
-            c.out.extend(self.done[ctx].out)
-        release = (lambda off, n: dumpmod.release_pages(d._mm, off, n)) if self.pages.release else None
-        for g in d.groups:
-            if g.kind_name != "device_event" and not g.lost_records and not g.crc_ok(release=release):
-                _crc_finding(c, g)
-        v._check_clock_sync(d, c)
-        v._check_kinds(d, c)
-        rep.findings.extend(c.out)
-        sound = not rep.unreadable and not any(f.code == "payload-checksum" for f in rep.findings)
-        if sound and self.rc_error is not None:
-            raise self.rc_error
-        if sound:
-            rep.findings.extend(v._reconcile_findings(d, self.options, self.rc,
-                                                      already={f.code for f in rep.findings}))
-        self._canaries(sound)
-        return rep
-
-    def _canaries(self, sound: bool) -> None:
-        """The canaries' findings, the coverage finding and the incidents (validate's tail)."""
-        d, rep, path = self.d, self.rep, self.d.path
-        can = writes = None
-        if sound and d.groups_of("canary"):
-            from kvconv.check import canary
-
-            can = canary.check(d)
-            rep.findings.extend(can.findings)
-        if sound and (d.groups_of("slot_write") or d.groups_of("write_step")):
-            from kvconv.check.canary import writes as writes_canary
-
-            writes = writes_canary.check(d, path=path)
-            rep.findings.extend(writes.findings)
-        if rep.unreadable:
-            rep.incidents = [v._one(f) for f in rep.findings if f.severity != "info"]
-            return
-        from kvconv.check import verdict
-
-        steps = can.counts["steps_checked"] if can is not None else 0
-        cov = verdict.coverage(d, canary_steps=steps,
-                               write_steps=writes.summary.get("steps", 0) if writes is not None else 0)
-        if cov is not None:
-            rep.findings.append(cov)
-        rep.incidents = verdict.incidents(d, rep.findings, canary_res=can)
-
-    def _own_walk(self, ctx: int) -> None:
-        """The device-event pass of a context no emitter walk finished, read here, as validate reads it."""
-        self.active.discard(ctx)
-        w = _Walk(self, ctx, verifying=False)
-        first = 0
-        for g in self.d.groups_of("device_event", context_id=ctx):
-            for base, ev in g.chunks(EV_CHUNK):
-                w._chunk(g, base, first + base, ev)  # (a failure of the checks is raised here, as validate's)
-            w._group_end(g, None)
-            first += len(g.records)
-        w.end()
+        if self.lc is not None:
+            for ctx, _dev in self.d.contexts():
+                if ctx not in self.lc.found:  # no walk of the emitter ran to the end: validate's own pass over it
+                    self.active.discard(ctx)
+                    self.lc.check_context(ctx)
+            passes.took(self.st, "launches", self.lc.result())
+        passes.run_all(self.st, self.after)
+        v.conclude(self.rep, self.st)
+        return self.rep
 
 
 class _Walk:
@@ -136,11 +86,11 @@ class _Walk:
 
     def __init__(self, checks: Checks, ctx: int, *, verifying: bool) -> None:
         self.checks, self.ctx, self.verifying = checks, ctx, verifying
-        d, rc = checks.d, checks.rc
+        d, lc = checks.d, checks.lc
         self.c = _Collector(d.path)
-        self.s = rc.stream(ctx) if rc is not None and ctx in rc.contexts else None
+        self.s = lc.stream(ctx)
         grids = _grid_tables(d, ctx, self.s.t if self.s is not None else None)
-        self.ev = _EventChecks(checks.slots[ctx], grids)
+        self.ev = _EventChecks(lc.slots[ctx], grids)
         self.order = self.crc = None
         self.failed = False
 
@@ -200,20 +150,13 @@ class _Walk:
                   group=g.index, record=0, offset=g.record_offset(0) + _SEQ_OFF, field="device_event.sequence")
 
     def end(self) -> None:
-        """The walk ran to the end: the reconciler closes the context, the host records are checked, and the
-        context's findings count."""
-        ch = self.checks
+        """The walk ran to the end: the context's reconciliation closes, its host records are checked, and its
+        findings count."""
         if self.failed:
             self.abandon()
             return
-        if self.s is not None:
-            try:
-                ch.rc.close(self.ctx)
-            except Exception as e:  # noqa: BLE001 - damaged records: raised at finish only if the file is sound
-                ch.rc_error = ch.rc_error or e
-        v._check_host_launches(_ContextView(ch.d, self.ctx), self.c, ch.slots[self.ctx], ch.pages)
-        ch.done[self.ctx] = self.c
-        ch.active.discard(self.ctx)
+        self.checks.lc.context_done(self.ctx, self.c, self.s)
+        self.checks.active.discard(self.ctx)
 
     def abandon(self) -> None:
         """The walk stopped before the end (a probe that gave up): a later walk feeds the checks again."""
