@@ -1,7 +1,8 @@
 """What Ctrl-C (SIGINT), SIGTERM and SIGHUP do to a command, said truthfully.
 
 While a command runs (:func:`handled`, around :func:`kvconv.cli.main`), such a signal ends it at once (nothing is
-unwound: a worker thread may hold a lock), and what it says is what happened to the output (:mod:`kvconv.format.atomic`):
+unwound: a worker thread may hold a lock), and what it says is what happened to the output
+(:mod:`kvconv.format.atomic`):
 
 - an output still being written: its temporary is removed, ``Error: terminated by SIGTERM: the unfinished output is
   removed``, exit 128 + n;

@@ -64,9 +64,9 @@ def report_cmd(
     Example: kvconv report run.kvdump -o report.html
     """
     import kvconv
-    from kvconv.format.atomic import check_output
     from kvconv.cli import interrupt
     from kvconv.cli.common import Outcome, envelope, finish, print_json, verdict_warnings
+    from kvconv.format.atomic import check_output
     from kvconv.format.errors import KvconvError, UsageError
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions

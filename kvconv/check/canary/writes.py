@@ -219,8 +219,6 @@ def _check_step(steps, smap, si, written, cinfo, sw, fs, gi, ctx, res) -> None:
                        f"{_name(c)!r} (id {cid})")
     conflicts = 0
     for (cid, slot), recs in written.items():
-        if slot in m["pad"] and slot not in m["live"]:  # a sentinel (SGLang's slot 0): every pad row writes it
-            continue
         blocks = {(int(sw[i]["gridid"]), int(sw[i]["tag"]), int(sw[i]["block_x"]), int(sw[i]["block_y"]),
                    int(sw[i]["block_z"])) for i in recs}
         if len(blocks) > 1:
