@@ -12,7 +12,7 @@
 writer), ``check`` (the passes and the verdict), ``emit`` (perfetto, chrome, arrow), ``capture`` (record, probe).
 """
 
-__version__ = "0.1.0"
+from kvconv.version import __version__ as __version__
 
 
 def open(paths, *, options=None):  # noqa: A001 - kvconv.open, as Perfetto's TraceProcessor(trace) opens a trace

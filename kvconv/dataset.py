@@ -78,7 +78,7 @@ def append(staging: str | os.PathLike, dataset: str | os.PathLike) -> list[str]:
         (dataset / f).parent.mkdir(parents=True, exist_ok=True)
         os.rename(staging / f, dataset / f)  # same filesystem (staging is made beside the dataset): no copy
     files = sorted(set(old) | set(new))
-    from kvconv import __version__
+    from kvconv.version import __version__
 
     tmp = dataset / (MARKER + ".tmp")
     tmp.write_text(json.dumps({"tool": "kvconv", "kind": "arrow", "version": __version__, "files": files},

@@ -238,7 +238,7 @@ def _files(folder: Path) -> list[str]:
 
 
 def _write_marker(folder: Path, kind: str) -> None:
-    from kvconv import __version__
+    from kvconv.version import __version__
 
     files = [f for f in _files(folder) if f != MARKER]
     (folder / MARKER).write_text(json.dumps({"tool": "kvconv", "kind": kind, "version": __version__,

@@ -29,7 +29,7 @@ def describe(d, *, progress=None) -> dict:
     total, done = sum(g.record_count * g.record_size for g in checked), [0]
 
     def summed(offset: int, nbytes: int) -> None:
-        # the pages summed go back (else the whole dump stays resident); the bytes are the progress
+        # the pages summed go back: a 10 GiB dump stayed resident (10.0 GiB peak RSS); the bytes are the progress
         release_pages(getattr(d, "_mm", None), offset, nbytes)
         done[0] += nbytes
         if progress is not None:
@@ -37,15 +37,40 @@ def describe(d, *, progress=None) -> dict:
 
     # The checksums run in the CRC worker (zlib releases the GIL) while this thread gathers the rest.
     crc_jobs = {g.index: worker("crc").submit(g.crc_ok, release=summed) for g in checked}
-    groups = [_group_row(g) for g in d.groups]
+    groups = []
     totals: dict[str, dict] = {}
-    for g, row in zip(d.groups, groups):
+    for g in d.groups:
+        groups.append({
+            "index": g.index,
+            "offset": g.offset,
+            "kind": g.kind_name,
+            "major": g.major,
+            "minor": g.minor,
+            "record_size": g.record_size,
+            "record_count": len(g.records) if g.kind and g.kind.layout else g.record_count,
+            "capacity": g.capacity,
+            "drop_count": g.drop_count,
+            "lost_records": g.lost_records,
+            "context_id": g.context_id,
+            "device_id": g.device_id,
+            "clock_domain": g.clock_domain_name,
+            "payload_bytes": g.record_count * g.record_size,
+        })
         t = totals.setdefault(g.kind_name, {"records": 0, "drops": 0, "lost_records": 0, "groups": 0})
-        t["records"] += row["record_count"]
+        t["records"] += groups[-1]["record_count"]
         t["drops"] += g.drop_count
         t["lost_records"] += g.lost_records
         t["groups"] += 1
-    findings = _checksums(d, groups, crc_jobs)
+    findings = []
+    for g, row in zip(d.groups, groups):
+        job = crc_jobs.get(g.index)
+        row["payload_crc"] = "not-checked" if job is None else ("ok" if job.result() else "mismatch")
+        if job is None:  # why it has no checksum to compare: a live group of an unfinished dump, or cut short
+            row["payload_crc_not_checked"] = "unfinished" if g.live else "cut-short"
+        if row["payload_crc"] == "mismatch":
+            findings.append(Finding("error", "payload-checksum", "payload checksum does not match "
+                                    "header.payload_crc32 (the records are damaged)", path=d.path, group=g.index,
+                                    offset=g.payload_offset, field="header.payload_crc32"))
     try:
         meta = d.metadata()
         meta_error = None
@@ -62,41 +87,6 @@ def describe(d, *, progress=None) -> dict:
     if meta_error:
         out["metadata_error"] = meta_error
     return out
-
-
-def _group_row(g) -> dict:
-    """One group's row of ``kvconv info``: its header's fields, the records read, the payload's size."""
-    return {
-        "index": g.index,
-        "offset": g.offset,
-        "kind": g.kind_name,
-        "major": g.major,
-        "minor": g.minor,
-        "record_size": g.record_size,
-        "record_count": len(g.records) if g.kind and g.kind.layout else g.record_count,
-        "capacity": g.capacity,
-        "drop_count": g.drop_count,
-        "lost_records": g.lost_records,
-        "context_id": g.context_id,
-        "device_id": g.device_id,
-        "clock_domain": g.clock_domain_name,
-        "payload_bytes": g.record_count * g.record_size,
-    }
-
-
-def _checksums(d, rows: list[dict], crc_jobs: dict) -> list[Finding]:
-    """Each group's checksum verdict into its row (waiting for the CRC worker), and a finding per mismatch."""
-    findings = []
-    for g, row in zip(d.groups, rows):
-        job = crc_jobs.get(g.index)
-        row["payload_crc"] = "not-checked" if job is None else ("ok" if job.result() else "mismatch")
-        if job is None:  # why it has no checksum to compare: a live group of an unfinished dump, or cut short
-            row["payload_crc_not_checked"] = "unfinished" if g.live else "cut-short"
-        if row["payload_crc"] == "mismatch":
-            findings.append(Finding("error", "payload-checksum", "payload checksum does not match "
-                                    "header.payload_crc32 (the records are damaged)", path=d.path, group=g.index,
-                                    offset=g.payload_offset, field="header.payload_crc32"))
-    return findings
 
 
 

@@ -81,7 +81,7 @@ def page(profiles: list, *, cross: dict | None = None, title: str = "kvconv repo
     """The HTML page of ``profiles`` (one per dump, in order; None where a dump's records are damaged);
     ``cross``: kvconv.check.skew.cross_dump of them; ``verdicts``: each dump's kvconv validate report
     (``Report.to_dict()``: its verdict, incidents and every finding)."""
-    from kvconv import __version__
+    from kvconv.version import __version__
 
     doc = _Doc()
     doc.add("<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

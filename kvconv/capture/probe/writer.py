@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from kvconv import __version__
 from kvconv.format import dump, layout
+from kvconv.version import __version__
 
 FLAGS = layout.ENUMS["canary_flags"]
 _EXTRA = ("cache", "write_step", "slot_map", "value_digest")  # other probes' kinds, in the order they are written
