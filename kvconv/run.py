@@ -265,13 +265,9 @@ class Run:
     def exit_code(self) -> int:
         """The run's exit status: the worst of its dumps'; the processes of one run as one (a process that ran no
         target kernel does not make it nothing-checked: :func:`kvconv.check.runs.set_exit`)."""
-        codes = [d.exit_code for d in self.dumps]
-        if len(codes) > 1 and 4 in codes and any(c != 4 for c in codes):
-            from kvconv.check.runs import one_run, set_exit
+        from kvconv.check.runs import of_run
 
-            if one_run(self.paths):
-                return set_exit(codes)
-        return max(codes)
+        return of_run(self.paths, [d.exit_code for d in self.dumps])
 
     @property
     def verdict(self) -> str:
