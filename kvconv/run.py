@@ -86,6 +86,7 @@ class DumpRun:
         self.options = options
         self.progress = progress  # progress(done, total) of the checks, in bytes (kvconv.progress)
         self._reader = None
+        self._joins: dict = {}  # context id -> (LaunchTable, ExactJoin)
 
     def __repr__(self) -> str:
         return f"<kvconv DumpRun {self.path!r}>"
@@ -204,10 +205,13 @@ class DumpRun:
                                    progress=self.progress)
 
     def launches(self, context_id: int = 0):
-        """One context's launch table and its exact (gridid, tag) join (:func:`kvconv.join.exact.load_joined`)."""
+        """One context's launch table and its exact (gridid, tag) join (:func:`kvconv.join.exact.load_joined`),
+        loaded once."""
         from kvconv.join.exact import load_joined
 
-        return load_joined(self.reader, context_id)
+        if context_id not in self._joins:
+            self._joins[context_id] = load_joined(self.reader, context_id)
+        return self._joins[context_id]
 
     @cached_property
     def profile(self):

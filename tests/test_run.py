@@ -129,3 +129,10 @@ def test_every_command_renders_a_run():
         assert "kvconv.open(" in src, mod
         assert "from kvconv.check.validate import" not in src, mod
     assert "kvconv.open(" in (ROOT / "kvconv" / "capture" / "record.py").read_text()
+
+
+def test_the_join_is_loaded_once_per_context():
+    with kvconv.open(QWEN) as run:
+        t, xj = run.dumps[0].launches(0)
+        assert run.dumps[0].launches(0)[0] is t
+        assert t.n == 1_320
