@@ -152,28 +152,17 @@ class DumpRun:
         return res.result if res is not None else None
 
     def part(self, *names: str) -> Part:
-        """The part of the verdict of the passes ``names`` (canary, writes, values). A pass that did not run in the
-        checks (the dump holds none of its records) runs here on its own, to say that it checked nothing."""
+        """The part of the verdict of the passes ``names`` (canary, writes, values), as ``kvconv canary`` states it:
+        those passes run on the reader (which refuses a damaged payload), their findings judged with the dump's own
+        state (the reader's problems: cut short, unfinished) as the whole is. The other passes do not run."""
         from kvconv.check import passes, verdict
 
-        rep = self.validation
-        results, fresh = {}, {}  # fresh: the passes run here (the dump held none of their records)
-        for name in names:
-            res = rep.passes.get(name)
-            if res is None:
-                res = fresh[name] = getattr(passes, name)(passes.Checking(self.reader,
-                                                                          self.options.validate_options()))
-            if res is not None:
-                results[name] = res
+        d = self.reader
+        st = passes.Checking(d, self.options.validate_options())
+        results = {name: res for name in names if (res := getattr(passes, name)(st)) is not None}
         found = [f for r in results.values() for f in r.findings]
-        own = rep.passes["structure"].findings if "structure" in rep.passes else []
-        # the incidents validate grouped (its dump is closed now), then those of the passes run here
-        codes = {f.code for name, r in results.items() if name not in fresh for f in r.findings}
-        incidents = [i for i in rep.incidents if i["code"] in codes]
-        incidents += verdict.incidents([f for r in fresh.values() if r for f in r.findings],
-                                       {k: r for k, r in fresh.items() if r})
         checked = any(r.verified for r in results.values())
-        return Part(verdict.part(own + found, checked=checked), found, incidents,
+        return Part(verdict.part(list(d.problems) + found, checked=checked), found, verdict.incidents(found, results),
                     {k: r.result for k, r in results.items()})
 
     @property
