@@ -114,6 +114,11 @@ class DumpRun:
 
         return validate(self.path, options=self.options.validate_options(), progress=self.progress)
 
+    def adopt(self, report) -> None:
+        """Take ``report`` (validate's, of this dump, made elsewhere: by a converter's own pass over the events) as
+        :attr:`validation`, so that it is not computed again."""
+        self.__dict__["validation"] = report
+
     @property
     def verdict(self) -> str:
         """ok, failed, incomplete, nothing-checked or unreadable (:func:`kvconv.check.verdict.judge`)."""

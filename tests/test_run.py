@@ -156,3 +156,12 @@ def test_the_verdicts_words_are_written_only_in_the_table():
                   if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
                   and words.search(n.value) and n.value != "UNREADABLE"]
     assert not found, found
+
+
+def test_a_validation_made_elsewhere_is_adopted_not_recomputed():
+    from kvconv.check.validate import validate
+
+    rep = validate(STALE)
+    with kvconv.open(STALE) as run:
+        run.dumps[0].adopt(rep)
+        assert run.validation is rep and run.exit_code == 1
