@@ -86,6 +86,7 @@ class DumpRun:
         self.options = options
         self.progress = progress  # progress(done, total) of the checks, in bytes (kvconv.progress)
         self._reader = None
+        self._joins: dict = {}  # context id -> (LaunchTable, ExactJoin)
 
     def __repr__(self) -> str:
         return f"<kvconv DumpRun {self.path!r}>"
@@ -112,6 +113,11 @@ class DumpRun:
         from kvconv.check.validate import validate
 
         return validate(self.path, options=self.options.validate_options(), progress=self.progress)
+
+    def adopt(self, report) -> None:
+        """Take ``report`` (validate's, of this dump, made elsewhere: by a converter's own pass over the events) as
+        :attr:`validation`, so that it is not computed again."""
+        self.__dict__["validation"] = report
 
     @property
     def verdict(self) -> str:
@@ -151,28 +157,17 @@ class DumpRun:
         return res.result if res is not None else None
 
     def part(self, *names: str) -> Part:
-        """The part of the verdict of the passes ``names`` (canary, writes, values). A pass that did not run in the
-        checks (the dump holds none of its records) runs here on its own, to say that it checked nothing."""
+        """The part of the verdict of the passes ``names`` (canary, writes, values), as ``kvconv canary`` states it:
+        those passes run on the reader (which refuses a damaged payload), their findings judged with the dump's own
+        state (the reader's problems: cut short, unfinished) as the whole is. The other passes do not run."""
         from kvconv.check import passes, verdict
 
-        rep = self.validation
-        results, fresh = {}, {}  # fresh: the passes run here (the dump held none of their records)
-        for name in names:
-            res = rep.passes.get(name)
-            if res is None:
-                res = fresh[name] = getattr(passes, name)(passes.Checking(self.reader,
-                                                                          self.options.validate_options()))
-            if res is not None:
-                results[name] = res
+        d = self.reader
+        st = passes.Checking(d, self.options.validate_options())
+        results = {name: res for name in names if (res := getattr(passes, name)(st)) is not None}
         found = [f for r in results.values() for f in r.findings]
-        own = rep.passes["structure"].findings if "structure" in rep.passes else []
-        # the incidents validate grouped (its dump is closed now), then those of the passes run here
-        codes = {f.code for name, r in results.items() if name not in fresh for f in r.findings}
-        incidents = [i for i in rep.incidents if i["code"] in codes]
-        incidents += verdict.incidents([f for r in fresh.values() if r for f in r.findings],
-                                       {k: r for k, r in fresh.items() if r})
         checked = any(r.verified for r in results.values())
-        return Part(verdict.part(own + found, checked=checked), found, incidents,
+        return Part(verdict.part(list(d.problems) + found, checked=checked), found, verdict.incidents(found, results),
                     {k: r.result for k, r in results.items()})
 
     @property
@@ -204,10 +199,13 @@ class DumpRun:
                                    progress=self.progress)
 
     def launches(self, context_id: int = 0):
-        """One context's launch table and its exact (gridid, tag) join (:func:`kvconv.join.exact.load_joined`)."""
+        """One context's launch table and its exact (gridid, tag) join (:func:`kvconv.join.exact.load_joined`),
+        loaded once."""
         from kvconv.join.exact import load_joined
 
-        return load_joined(self.reader, context_id)
+        if context_id not in self._joins:
+            self._joins[context_id] = load_joined(self.reader, context_id)
+        return self._joins[context_id]
 
     @cached_property
     def profile(self):
@@ -265,13 +263,9 @@ class Run:
     def exit_code(self) -> int:
         """The run's exit status: the worst of its dumps'; the processes of one run as one (a process that ran no
         target kernel does not make it nothing-checked: :func:`kvconv.check.runs.set_exit`)."""
-        codes = [d.exit_code for d in self.dumps]
-        if len(codes) > 1 and 4 in codes and any(c != 4 for c in codes):
-            from kvconv.check.runs import one_run, set_exit
+        from kvconv.check.runs import of_run
 
-            if one_run(self.paths):
-                return set_exit(codes)
-        return max(codes)
+        return of_run(self.paths, [d.exit_code for d in self.dumps])
 
     @property
     def verdict(self) -> str:

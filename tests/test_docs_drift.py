@@ -4,6 +4,7 @@ statement against what the commands do; every file docs/DEVELOPING.md names exis
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -214,3 +215,20 @@ def test_developing_md_names_only_files_that_exist():
                 bad.append(ref)
             break
     assert not bad, f"docs/DEVELOPING.md names what does not exist: {bad}"
+
+
+def test_report_md_diff_checks_and_defaults_are_the_codes():
+    """docs/REPORT.md's diff table names every check kvconv diff makes, with its options' defaults; two identical
+    failed dumps exit 0, as it says."""
+    text = (ROOT / "docs" / "REPORT.md").read_text().split("## `kvconv diff", 1)[1]
+    diff = _commands()["diff"]
+    for p in diff.params:
+        for o in p.opts:
+            if o.startswith("--max-") or o == "--noise-factor":
+                said = re.search(rf"`{o}` \(([\d.]+)\)", text)
+                assert said and float(said.group(1)) == p.default, (o, p.default)
+    r = run_cli("diff", STALE, STALE, "--json")
+    checks = {c["check"].split(".")[0].split(":")[0] for c in json.loads(r.stdout)["diff"]["checks"]}
+    assert r.returncode == 0 and "two identical failed dumps exit 0" in text
+    missing = [c for c in checks if f"`{c}" not in text]
+    assert not missing, f"docs/REPORT.md's diff table lacks {missing}"

@@ -53,9 +53,13 @@ from pathlib import Path
 from kvconv.format.atomic import atomic_output
 from kvconv.cli import interrupt
 
+if sys.argv[-1] == "before":                           # an earlier output, to be replaced (--force)
+    Path("out.bin").write_bytes(b"old")
 with interrupt.handled():
     interrupt.output("out.bin")
-    with atomic_output("out.bin") as tmp:
+    if sys.argv[-1] == "before":                       # before this command wrote anything
+        os.kill(os.getpid(), signal.SIGTERM)
+    with atomic_output("out.bin", force=True) as tmp:
         Path(tmp).write_bytes(b"x" * 100)
         if sys.argv[-1] == "mid":                      # still being written
             os.kill(os.getpid(), signal.SIGTERM)
@@ -65,11 +69,14 @@ print("not reached")
 """
 
 
-@pytest.mark.parametrize("when", ["mid", "after"])
+@pytest.mark.parametrize("when", ["before", "mid", "after"])
 def test_a_signal_says_what_happened_to_the_output(when, tmp_path):
     r = _child(SIGNALLED.replace('sys.argv[-1]', repr(when)), tmp_path)
     files = sorted(os.listdir(tmp_path))
-    if when == "mid":
+    if when == "before":  # the earlier output is as it was, and not claimed as this command's
+        assert r.returncode == 128 + signal.SIGTERM and (tmp_path / "out.bin").read_bytes() == b"old", r
+        assert r.stderr == "Error: interrupted by SIGTERM\n"
+    elif when == "mid":
         assert r.returncode == 128 + signal.SIGTERM and files == [], (r, files)
         assert r.stderr == "Error: terminated by SIGTERM: the unfinished output is removed\n"
     else:

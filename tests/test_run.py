@@ -129,3 +129,39 @@ def test_every_command_renders_a_run():
         assert "kvconv.open(" in src, mod
         assert "from kvconv.check.validate import" not in src, mod
     assert "kvconv.open(" in (ROOT / "kvconv" / "capture" / "record.py").read_text()
+
+
+def test_the_join_is_loaded_once_per_context():
+    with kvconv.open(QWEN) as run:
+        t, xj = run.dumps[0].launches(0)
+        assert run.dumps[0].launches(0)[0] is t
+        assert t.n == 1_320
+
+
+def test_the_verdicts_words_are_written_only_in_the_table():
+    """No command spells a verdict's word itself (docstrings aside): they say schemas/codes.json's, through
+    kvconv.check.verdict. emit/_verdict.py's reconcile warning is the emitters' (issue 41, another room)."""
+    import re as re_
+
+    words = re_.compile(r"\b(FAILED|INCOMPLETE|NOTHING CHECKED|INVALID|UNREADABLE)\b")
+    found = []
+    for py in (ROOT / "kvconv").rglob("*.py"):
+        if py.name == "verdict.py" or py.relative_to(ROOT).as_posix() == "kvconv/emit/_verdict.py":
+            continue
+        tree = ast.parse(py.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{py.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                  and words.search(n.value) and n.value != "UNREADABLE"]
+    assert not found, found
+
+
+def test_a_validation_made_elsewhere_is_adopted_not_recomputed():
+    from kvconv.check.validate import validate
+
+    rep = validate(STALE)
+    with kvconv.open(STALE) as run:
+        run.dumps[0].adopt(rep)
+        assert run.validation is rep and run.exit_code == 1

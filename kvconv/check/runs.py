@@ -12,15 +12,28 @@ checked) does not make such a run "nothing checked" when another of its processe
 
 from __future__ import annotations
 
-NOTHING_CHECKED = 4  # schemas/codes.json verdicts: nothing-checked
+
+def _nothing_checked() -> int:
+    from kvconv.check.verdict import EXIT_CODES  # the one table (schemas/codes.json verdicts)
+
+    return EXIT_CODES["nothing-checked"]
 
 
 def set_exit(exits: list[int | None]) -> int:
     """One exit status over one run's processes: the worst over those that were checked; a process that ran no
     target kernel counts only when no process did."""
     known = [e for e in exits if e is not None]
-    ran = [e for e in known if e != NOTHING_CHECKED]
+    ran = [e for e in known if e != _nothing_checked()]
     return max(ran) if ran else max(known, default=0)
+
+
+def of_run(paths: list[str], exits: list[int]) -> int:
+    """The exit status of several dumps: the largest; the dumps of one run's processes (:func:`one_run`) as one
+    (:func:`set_exit`)."""
+    nothing = _nothing_checked()
+    if len(exits) > 1 and nothing in exits and any(c != nothing for c in exits) and one_run(paths):
+        return set_exit(exits)
+    return max(exits, default=0)
 
 
 def linked(procs: list[dict]) -> bool:

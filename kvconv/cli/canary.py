@@ -51,14 +51,10 @@ def canary_cmd(
     dr = run.dumps[0]
     try:
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=None,
-                      options=ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)) as bar:
-            dr.progress = bar.update
-            error = dr.unreadable_error()
-        if error is not None:
-            raise error
-        # the probe's value digests are the canary's too: a location canary that is clean beside a wrong value is not
-        # an ok (paged-stale-k said ok, exit 0, validate FAILED)
-        part = dr.part("writes") if writes else dr.part("canary", "values")
+                      options=ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)):
+            # the probe's value digests are the canary's too: a location canary that is clean beside a wrong value
+            # is not an ok (paged-stale-k said ok, exit 0, validate FAILED)
+            part = dr.part("writes") if writes else dr.part("canary", "values")
     except KvconvError as e:
         if as_json:
             finish("canary", [Outcome(str(dump_path), e.exit_code, error=e)], as_json=True)

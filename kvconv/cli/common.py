@@ -134,14 +134,10 @@ def each(paths: Iterable[Path], fn: Callable[[Path], Outcome]) -> list[Outcome]:
 def worst(outcomes: Iterable[Outcome]) -> int:
     """The exit status of several dumps: the largest; the dumps of one run's processes (an engine's front end and its
     workers: kvconv.check.runs) as one run, where a process that ran no target kernel does not count."""
-    outcomes = list(outcomes)
-    codes = [o.exit for o in outcomes]
-    if len(codes) > 1 and 4 in codes and any(c != 4 for c in codes):
-        from kvconv.check.runs import one_run, set_exit
+    from kvconv.check.runs import of_run
 
-        if one_run([o.path for o in outcomes]):
-            return set_exit(codes)
-    return max(codes, default=0)
+    outcomes = list(outcomes)
+    return of_run([o.path for o in outcomes], [o.exit for o in outcomes])
 
 
 def envelope(command: str, outcomes: list[Outcome], **extra) -> dict:

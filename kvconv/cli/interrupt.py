@@ -25,24 +25,33 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 _HANDLED = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-_state = {"start": 0.0, "outputs": []}
+_state = {"outputs": []}  # (path, what was there when declared)
 
 
 def output(path) -> None:
-    """The output the command writes (its ``-o``); ``-`` (stdout) is not one to keep or remove."""
+    """The output the command writes (its ``-o``); ``-`` (stdout) is not one to keep or remove. What is there now
+    (an earlier output, replaced with --force) is told apart from what this command puts there."""
     if str(path) != "-":
-        _state["outputs"].append(os.path.abspath(os.fspath(path)))
+        where = os.path.abspath(os.fspath(path))
+        _state["outputs"].append((where, _identity(where)))
+
+
+def _identity(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
     """The handlers above while inside (main thread only; a disposition the process was given is kept)."""
     installed = {}
-    _state["start"], _state["outputs"] = time.time(), []
+    _state["outputs"] = []
     if threading.current_thread() is threading.main_thread():
         for s in _HANDLED:
             default = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
@@ -76,13 +85,8 @@ def _unfinished() -> list:
 
 
 def _written() -> list[str]:
-    """The command's outputs that are in place, renamed there since it started."""
-    out = []
-    for p in _state["outputs"]:
-        with contextlib.suppress(OSError):
-            if os.stat(p).st_mtime >= _state["start"] - 1:
-                out.append(p)
-    return out
+    """The command's outputs that are in place, renamed there since it declared them (:func:`output`)."""
+    return [p for p, before in _state["outputs"] if _identity(p) not in (None, before)]
 
 
 def _on_signal(signum, frame) -> None:

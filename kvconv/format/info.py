@@ -14,6 +14,26 @@ from kvconv.format.errors import KvconvError, SchemaError
 from kvconv.format.findings import Finding
 
 
+def _groups(d) -> tuple[list[dict], dict[str, dict]]:
+    """Each group's header facts, and the records, drops and losses per kind."""
+    groups, totals = [], {}
+    for g in d.groups:
+        groups.append({
+            "index": g.index, "offset": g.offset, "kind": g.kind_name, "major": g.major, "minor": g.minor,
+            "record_size": g.record_size,
+            "record_count": len(g.records) if g.kind and g.kind.layout else g.record_count,
+            "capacity": g.capacity, "drop_count": g.drop_count, "lost_records": g.lost_records,
+            "context_id": g.context_id, "device_id": g.device_id, "clock_domain": g.clock_domain_name,
+            "payload_bytes": g.record_count * g.record_size,
+        })
+        t = totals.setdefault(g.kind_name, {"records": 0, "drops": 0, "lost_records": 0, "groups": 0})
+        t["records"] += groups[-1]["record_count"]
+        t["drops"] += g.drop_count
+        t["lost_records"] += g.lost_records
+        t["groups"] += 1
+    return groups, totals
+
+
 def describe(d, *, progress=None) -> dict:
     """What ``kvconv info`` reports of an open dump ``d``, payload checksums included (docs/FORMAT.md: readers verify
     them); a group a salvaged file cut short, and a live group of an unfinished dump (its producer died before it
@@ -37,30 +57,7 @@ def describe(d, *, progress=None) -> dict:
 
     # The checksums run in the CRC worker (zlib releases the GIL) while this thread gathers the rest.
     crc_jobs = {g.index: worker("crc").submit(g.crc_ok, release=summed) for g in checked}
-    groups = []
-    totals: dict[str, dict] = {}
-    for g in d.groups:
-        groups.append({
-            "index": g.index,
-            "offset": g.offset,
-            "kind": g.kind_name,
-            "major": g.major,
-            "minor": g.minor,
-            "record_size": g.record_size,
-            "record_count": len(g.records) if g.kind and g.kind.layout else g.record_count,
-            "capacity": g.capacity,
-            "drop_count": g.drop_count,
-            "lost_records": g.lost_records,
-            "context_id": g.context_id,
-            "device_id": g.device_id,
-            "clock_domain": g.clock_domain_name,
-            "payload_bytes": g.record_count * g.record_size,
-        })
-        t = totals.setdefault(g.kind_name, {"records": 0, "drops": 0, "lost_records": 0, "groups": 0})
-        t["records"] += groups[-1]["record_count"]
-        t["drops"] += g.drop_count
-        t["lost_records"] += g.lost_records
-        t["groups"] += 1
+    groups, totals = _groups(d)
     findings = []
     for g, row in zip(d.groups, groups):
         job = crc_jobs.get(g.index)

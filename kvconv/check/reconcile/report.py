@@ -122,17 +122,19 @@ def _unknowable(results) -> str:
 
 def status_line(results) -> str:
     """The last line of ``kvconv reconcile``: ok / ok (--relaxed: ...) / FAILED (...), from the contexts' verdicts."""
+    from kvconv.check.verdict import STATES  # the verdict's words, as every command says them
+
     errors = sum(1 for r in results for f in r.findings if f.severity == "error")
     if errors or not all(r.ok for r in results):
-        return f"FAILED ({_n(errors, 'error finding')}{_unknowable(results)})"
+        return f"{STATES['failed']} ({_n(errors, 'error finding')}{_unknowable(results)})"
     lost = lost_at_end(results)
     if lost:  # one verdict with validate's: incomplete, not ok (issue 44)
-        return (f"INCOMPLETE ({counted(lost, 'launch', 'launches')} lost blocks at the producer's end: it did not "
-                "finish its dump; what it recorded agrees)")
+        return (f"{STATES['incomplete']} ({counted(lost, 'launch', 'launches')} lost blocks at the producer's end: it "
+                "did not finish its dump; what it recorded agrees)")
     relaxed = sum(r.mismatches for r in results)
     if relaxed:
-        return f"ok (--relaxed: {_n(relaxed, 'mismatch')} reported as warnings; the counts do not agree)"
-    return "ok"
+        return f"{STATES['ok']} (--relaxed: {_n(relaxed, 'mismatch')} reported as warnings; the counts do not agree)"
+    return STATES["ok"]
 
 
 def lost_at_end(results) -> int:

@@ -37,6 +37,16 @@ class Windowed:
     contradicted: tuple  # (events, first device index) the %gridid cross-check withdrew
 
 
+def _entries(recs: np.ndarray, base: int, n_other: int):
+    """A chunk's block-enter events, their indices in the context, and the other events (exits: slots of no block)
+    before each, ``n_other`` before the chunk."""
+    be = recs["kind"] == BLOCK_ENTER
+    if bool(be.all()):
+        return recs, np.arange(base, base + len(recs), dtype=np.int64), n_other
+    bi = np.flatnonzero(be)
+    return recs[bi], base + bi, n_other + bi - np.arange(len(bi))
+
+
 def join_window(s, drops: Drops, chunks) -> Windowed | None:
     """``s``: the context's finished streaming pass (events in sequence order, counted); ``chunks``: ``(first
     index, records)`` over its device events again. None: the pass cannot place them (see the module), nothing
@@ -65,13 +75,7 @@ def join_window(s, drops: Drops, chunks) -> Windowed | None:
         if int(seq[0]) <= last_seq or bool(np.any(seq[1:] <= seq[:-1])):
             return None  # not strictly rising in file order: positions need the sort of the in-memory join
         last_seq = int(seq[-1])
-        be = recs["kind"] == BLOCK_ENTER
-        if bool(be.all()):
-            sub, idx, others = recs, np.arange(base, base + len(recs), dtype=np.int64), n_other
-        else:
-            bi = np.flatnonzero(be)
-            sub, idx = recs[bi], base + bi
-            others = n_other + bi - np.arange(len(bi))  # other events before each entry: slots of no block
+        sub, idx, others = _entries(recs, base, n_other)
         n_other += len(recs) - len(sub)
         if not len(sub):
             continue
