@@ -321,7 +321,7 @@ class Run:
             return
         for dr, rep in zip(self.dumps, reports):
             if isinstance(rep, Report) and "validation" not in vars(dr):
-                vars(dr)["validation"] = rep  # functools.cached_property's own slot
+                dr.adopt(rep)
 
     def to_perfetto(self, out: PathLike, *, options=None):
         """A Perfetto trace (what ``kvconv perfetto`` writes): ui.perfetto.dev, trace_processor."""

@@ -312,22 +312,26 @@ class _TimerOrder:
             self._step("race", np.array([0]), np.array([prev - int(t[0])]), first)
         bk = np.flatnonzero(t[1:] < t[:-1])
         self._step("race", bk + 1, t[bk] - t[bk + 1], first)
-        self._per_sm(t, first, ev["smid"], _launch_key(ev))
+        self._per_sm(t, first, ev["smid"], ev)
 
-    def _per_sm(self, t: np.ndarray, first: int, sm: np.ndarray, key: np.ndarray) -> None:
+    def _per_sm(self, t: np.ndarray, first: int, sm: np.ndarray, ev: np.ndarray) -> None:
         """Steps back from an SM's event to that SM's next: between launches (``launches``); between blocks of one
-        launch (resident together, they race as blocks on different SMs do: ``race``)."""
+        launch (resident together, they race as blocks on different SMs do: ``race``). Launch keys
+        (:func:`_launch_key`) are made only for the events that step back and each SM's last: the rest never
+        compare them."""
         order = np.argsort(sm, kind="stable")  # each SM's events together, still in sequence order
-        ss, ts, ks = sm[order], t[order], key[order]
+        ss, ts = sm[order], t[order]
         new = np.r_[True, ss[1:] != ss[:-1]]
         before = np.where(new, self.last[ss], np.r_[-1, ts[:-1]])  # the same SM's previous timestamp, if any
-        same = ks == np.where(new, self.last_launch[ss], np.r_[np.uint64(0), ks[:-1]])
-        bk = np.flatnonzero((ts < before) & ~same)
-        self._step("launches", order[bk], before[bk] - ts[bk], first)
-        bk = np.flatnonzero((ts < before) & same)
-        self._step("race", order[bk], before[bk] - ts[bk], first)
+        bk = np.flatnonzero(ts < before)
+        if len(bk):
+            # the previous event's key: the SM's last of an earlier chunk, or the sorted event before this one
+            prev = np.where(new[bk], self.last_launch[ss[bk]], _launch_key(ev[order[np.maximum(bk - 1, 0)]]))
+            same = _launch_key(ev[order[bk]]) == prev
+            self._step("launches", order[bk[~same]], (before[bk] - ts[bk])[~same], first)
+            self._step("race", order[bk[same]], (before[bk] - ts[bk])[same], first)
         ends = np.r_[np.flatnonzero(new)[1:] - 1, len(ss) - 1]
-        self.last[ss[ends]], self.last_launch[ss[ends]] = ts[ends], ks[ends]
+        self.last[ss[ends]], self.last_launch[ss[ends]] = ts[ends], _launch_key(ev[order[ends]])
 
     def _step(self, which: str, at: np.ndarray, size: np.ndarray, first: int) -> None:
         if len(at):
