@@ -149,11 +149,16 @@ def closest(patterns: list[str], loaded: list[str], *, n: int = 5, cutoff: float
     return [k for k, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
 
 
+def lost_at_end(results) -> int:
+    """Launches of unfinished dumps whose last blocks ran after the tracer's last copy (``unflushed-blocks``): what the
+    producer's end made unknowable. validate calls such a dump incomplete; so does reconcile."""
+    return sum(int(f.count or 1) for r in results for f in r.findings
+               if f.code == "unflushed-blocks")
+
+
 def of_reconciliation(result, cov: Finding | None) -> str:
     """``kvconv reconcile``'s verdict of a dump, on validate's scale: failed (an error finding), incomplete (blocks
     lost at the producer's end), nothing-checked (``cov``: the dump traced nothing), else ok."""
-    from kvconv.check.reconcile.report import lost_at_end
-
     if not result.ok:
         return "failed"
     if lost_at_end([result]):

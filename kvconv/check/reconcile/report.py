@@ -122,7 +122,7 @@ def _unknowable(results) -> str:
 
 def status_line(results) -> str:
     """The last line of ``kvconv reconcile``: ok / ok (--relaxed: ...) / FAILED (...), from the contexts' verdicts."""
-    from kvconv.check.verdict import STATES  # the verdict's words, as every command says them
+    from kvconv.check.verdict import STATES, lost_at_end  # the verdict's words, as every command says them
 
     errors = sum(1 for r in results for f in r.findings if f.severity == "error")
     if errors or not all(r.ok for r in results):
@@ -135,14 +135,6 @@ def status_line(results) -> str:
     if relaxed:
         return f"{STATES['ok']} (--relaxed: {_n(relaxed, 'mismatch')} reported as warnings; the counts do not agree)"
     return STATES["ok"]
-
-
-def lost_at_end(results) -> int:
-    """Launches of unfinished dumps whose last blocks ran after the tracer's last copy (``unflushed-blocks``): what the
-    producer's end made unknowable. validate calls such a dump incomplete; so does reconcile."""
-    return sum(int(f.count or 1) for r in results for f in r.findings
-               if f.code == "unflushed-blocks")
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
