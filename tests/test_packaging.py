@@ -55,8 +55,8 @@ def _package_files() -> set[str]:
 
 @pytest.mark.slow
 def test_installed_wheel_runs_outside_the_source_tree(tmp_path):
-    """CI's check of the install: pip wheel, an empty venv, then every main command from a folder that is not the
-    source tree (the README's 'embedded fixture' and 'pip install' claims)."""
+    """CI's check of the install: pip wheel, an empty venv, then every main command and every help Example from a
+    folder that is not the source tree (the README's 'embedded fixture' and 'pip install' claims)."""
     # Built from a copy of what the wheel is made of: no build/ or egg-info race with another run in this tree,
     # and proof that nothing else of the checkout is needed.
     src = tmp_path / "src"
@@ -110,3 +110,23 @@ def test_installed_wheel_runs_outside_the_source_tree(tmp_path):
 
     r = _run([kv, "--version"], cwd=elsewhere, env=env)
     assert r.returncode == 0 and "0." in r.stdout, r.stdout + r.stderr
+
+    # Every Example of every command's help, typed as a wheel user types it, from a folder that is not the checkout,
+    # against the dump the installed package made (record needs a GPU and open a browser: tests/test_docs_drift.py).
+    from test_docs_drift import EXAMPLES, _stage
+
+    ran = 0
+    for i, (command, example) in enumerate(EXAMPLES):
+        if command in ("record", "open"):
+            continue
+        example = example.split("   (")[0]
+        here = elsewhere / f"example-{i}"
+        here.mkdir()
+        _stage(here, command, example, elsewhere / "X" / "qwen3-14b.kvdump")
+        script = f'kvconv() {{ "{kv}" "$@"; }}\n{example}\n'
+        r = _run(["bash", "-c", script], cwd=here, env=env)
+        assert r.returncode in ((0, 4) if command == "canary" else (0,)), (example, r.stdout[-2000:], r.stderr)
+        assert "Traceback" not in r.stderr and "Error:" not in r.stderr, (example, r.stderr)
+        shutil.rmtree(here)
+        ran += 1
+    assert ran >= len(EXAMPLES) - 3, ran
