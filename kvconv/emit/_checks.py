@@ -5,9 +5,12 @@ device-event checks of :mod:`kvconv.check.validate_events` and the reconciler's 
 first walk of a context's device events that runs to its end (the join's probe or the first pass, whichever comes
 first; the checksum is the one that walk sums). Everything else validate checks (headers, metadata, kernels, host
 records, clock sync, the canaries, the coverage) reads little and runs at :meth:`Checks.finish`, as validate runs
-it, and so does the device-event pass of a context no walk of the emitter finished. The result is validate's
+it, and so does the device-event pass of a context no walk of the emitter finished, or that the emitter streams
+lazily (a large dump joined by the streaming exact join, its launch table loaded for each walk and let go after):
+beside the reconciler's own table the peak memory would be the sum of the two passes' host state, checked after the
+conversion it is the larger of the two (issue 13's bound; docs/BENCH.md). The result is validate's
 :class:`~kvconv.check.validate.Report`, in the same order of findings (tests/test_emit_verdict.py holds it to
-``kvconv validate`` on every fixture).
+``kvconv validate`` on every fixture and on damaged dumps).
 
     >>> checks = Checks(d)                                    # doctest: +SKIP
     >>> walk = checks.begin(ctx, verifying=True)              # doctest: +SKIP
@@ -125,6 +128,8 @@ class Checks:
         for g in self.d.groups_of("device_event", context_id=ctx):
             for base, ev in g.chunks(EV_CHUNK):
                 w._chunk(g, base, first + base, ev)  # (a failure of the checks is raised here, as validate's)
+                self.pages.done(g, base, len(ev), w.crc)  # a large dump's checked pages go back, as validate's
+            self.pages.flush(w.crc)
             w._group_end(g, None)
             first += len(g.records)
         w.end()

@@ -155,14 +155,15 @@ def _verdicts(checks: list) -> list:
 
 
 def _attach_checks(dumps: list, ctxs: list[Ctx], options: EmitOptions, checks: list) -> None:
-    """Each dump's validate checks (:mod:`kvconv.emit._checks`), fed by its contexts' walks."""
+    """Each dump's validate checks (:mod:`kvconv.emit._checks`), fed by its contexts' walks; a lazy context's are
+    run after the conversion (memory: the larger of the two passes' host state, not their sum)."""
     from kvconv.emit._checks import Checks
 
     for d in dumps:
         ch = Checks(d, salvage=options.salvage)
         checks.append(ch)
         for c in ctxs:
-            if c.dump is d:
+            if c.dump is d and not c.lazy:
                 c.checks = ch
 
 
