@@ -138,13 +138,15 @@ def test_library_callers_do_not_pay_for_the_checks(tmp_path):
     assert res.verdicts == [] and "verdict" not in res.timings
 
 
+@pytest.mark.parametrize("fed", [False, True], ids=["many-hosts", "few-hosts"])
 @pytest.mark.parametrize("how", ["gap", "grid", None])
-def test_lazy_contexts_are_checked_after_the_conversion(how, tmp_path, monkeypatch):
-    """A large dump's contexts, streamed lazily by the emitter (here: every dump counts as large), are checked after
-    the conversion by validate's own loop: the same report."""
+def test_lazy_contexts(how, fed, tmp_path, monkeypatch):
+    """A large dump's contexts, streamed lazily by the emitter (here: every dump counts as large), are fed by the walk
+    when they have few host records, else checked after the conversion by validate's own loop: the same report."""
     import kvconv.emit._contexts as ctxs
 
     monkeypatch.setattr(ctxs, "RELEASE_BYTES", 0)
+    monkeypatch.setattr(ctxs, "LAZY_CHECKED_HOSTS", 1 << 40 if fed else 0)
     if how is None:
         p = SOME[0]
     else:
@@ -157,9 +159,9 @@ def test_lazy_contexts_are_checked_after_the_conversion(how, tmp_path, monkeypat
 
     def attach(dumps, cs, options, checks):
         real(dumps, cs, options, checks)
-        seen.extend(c.lazy and c.checks is None for c in cs)
+        seen.extend(c.lazy and (c.checks is not None) == fed for c in cs)
 
     monkeypatch.setattr(ctxs, "_attach_checks", attach)
     res = _emit("perfetto", p, tmp_path, reconcile="never")
-    assert seen and all(seen)  # every context lazy, none fed by a walk
+    assert seen and all(seen)  # every context lazy, fed by a walk or not
     _same(res.verdicts[0], _validate(p))

@@ -6,11 +6,11 @@ first walk of a context's device events that runs to its end (the join's probe o
 first; the checksum is the one that walk sums). Everything else validate checks (headers, metadata, kernels, host
 records, clock sync, the canaries, the coverage) reads little and runs at :meth:`Checks.finish`, as validate runs
 it, and so does the device-event pass of a context no walk of the emitter finished, or that the emitter streams
-lazily (a large dump joined by the streaming exact join, its launch table loaded for each walk and let go after):
-beside the reconciler's own table the peak memory would be the sum of the two passes' host state, checked after the
-conversion it is the larger of the two (issue 13's bound; docs/BENCH.md). The result is validate's
-:class:`~kvconv.check.validate.Report`, in the same order of findings (tests/test_emit_verdict.py holds it to
-``kvconv validate`` on every fixture and on damaged dumps).
+lazily with many host records (a large dump joined by the streaming exact join, its launch table loaded for each walk
+and let go after; ``_contexts.LAZY_CHECKED_HOSTS``): beside the reconciler's own table the peak memory would be the
+sum of the two passes' host state, checked after the conversion it is the larger of the two (issue 13's bound).
+The result is validate's :class:`~kvconv.check.validate.Report`, in the same order of findings
+(tests/test_emit_verdict.py holds it to ``kvconv validate`` on every fixture and on damaged dumps).
 
     >>> checks = Checks(d)                                    # doctest: +SKIP
     >>> walk = checks.begin(ctx, verifying=True)              # doctest: +SKIP
