@@ -136,3 +136,32 @@ def test_a_damaged_payload_converted_with_salvage_says_validates_verdict(tmp_pat
 def test_library_callers_do_not_pay_for_the_checks(tmp_path):
     res = write_perfetto([str(SOME[0])], tmp_path / "t.pftrace", options=EmitOptions(progress=False))
     assert res.verdicts == [] and "verdict" not in res.timings
+
+
+@pytest.mark.parametrize("fed", [False, True], ids=["many-hosts", "few-hosts"])
+@pytest.mark.parametrize("how", ["gap", "grid", None])
+def test_lazy_contexts(how, fed, tmp_path, monkeypatch):
+    """A large dump's contexts, streamed lazily by the emitter (here: every dump counts as large), are fed by the walk
+    when they have few host records, else checked after the conversion by validate's own loop: the same report."""
+    import kvconv.emit._contexts as ctxs
+
+    monkeypatch.setattr(ctxs, "RELEASE_BYTES", 0)
+    monkeypatch.setattr(ctxs, "LAZY_CHECKED_HOSTS", 1 << 40 if fed else 0)
+    if how is None:
+        p = SOME[0]
+    else:
+        parts = synth.small_parts()
+        _damage(parts, how)
+        p = tmp_path / f"{how}.kvdump"
+        synth.write_parts(p, parts)
+    seen = []
+    real = ctxs._attach_checks
+
+    def attach(dumps, cs, options, checks):
+        real(dumps, cs, options, checks)
+        seen.extend(c.lazy and (c.checks is not None) == fed for c in cs)
+
+    monkeypatch.setattr(ctxs, "_attach_checks", attach)
+    res = _emit("perfetto", p, tmp_path, reconcile="never")
+    assert seen and all(seen)  # every context lazy, fed by a walk or not
+    _same(res.verdicts[0], _validate(p))

@@ -1,13 +1,15 @@
 """kvconv validate's verdict of a dump, computed from the chunks an emitter reads anyway (``EmitOptions.verdict``).
 
 The converters print the dump's verdict beside their output. Instead of a second, separate validate pass, the
-device-event checks of :mod:`kvconv.check.validate_events` and the reconciler's streaming pass take each chunk of the
-first walk of a context's device events that runs to its end (the join's probe or the first pass, whichever comes
-first; the checksum is the one that walk sums). Everything else validate checks (headers, metadata, kernels, host
-records, clock sync, the canaries, the coverage) reads little and runs at :meth:`Checks.finish`, as validate runs
-it, and so does the device-event pass of a context no walk of the emitter finished. The result is validate's
-:class:`~kvconv.check.validate.Report`, in the same order of findings (tests/test_emit_verdict.py holds it to
-``kvconv validate`` on every fixture).
+``launches`` pass of :mod:`kvconv.check.passes` (the device-event checks and the reconciler's streaming pass) takes
+each chunk of the first walk of a context's device events that runs to its end (the join's probe or the first pass,
+whichever comes first; the checksum is the one that walk sums). The registry's other passes read little: those
+before ``launches`` (structure, metadata, kernels, clock sync) run when the checks are set up, the rest (the
+canaries) at :meth:`Checks.finish`, where validate's own walk also checks a context no walk of the emitter finished,
+or one the emitter streams lazily with many host records (``_contexts.LAZY_CHECKED_HOSTS``: fed by the walk, the
+reconciler's launch table would sit beside the converter's; checked after, peak memory is the larger of the two).
+The result is validate's :class:`~kvconv.check.validate.Report` by construction: the same passes, in the same order
+(tests/test_emit_verdict.py holds it to ``kvconv validate`` on every fixture and on damaged dumps).
 
     >>> checks = Checks(d)                                    # doctest: +SKIP
     >>> walk = checks.begin(ctx, verifying=True)              # doctest: +SKIP

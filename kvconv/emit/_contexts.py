@@ -154,15 +154,24 @@ def _verdicts(checks: list) -> list:
     return out
 
 
+# A lazy context (a large dump's, its launch table loaded for each walk) with more host launch records than this is
+# checked after the conversion: fed by the walk, the reconciler's launch table would sit beside the converter's (the
+# sum of the two passes' host state; +29 MiB at 3 GiB with 785,000 records a context, docs/BENCH.md), and issue 13's
+# 512 MiB at 10 GiB (2.6 M a context) would not hold.
+LAZY_CHECKED_HOSTS = 1 << 20
+
+
 def _attach_checks(dumps: list, ctxs: list[Ctx], options: EmitOptions, checks: list) -> None:
-    """Each dump's validate checks (:mod:`kvconv.emit._checks`), fed by its contexts' walks."""
+    """Each dump's validate checks (:mod:`kvconv.emit._checks`), fed by its contexts' walks; a lazy context with
+    many host records is checked after the conversion (memory: the larger of the two passes' host state, not their
+    sum)."""
     from kvconv.emit._checks import Checks
 
     for d in dumps:
         ch = Checks(d, salvage=options.salvage)
         checks.append(ch)
         for c in ctxs:
-            if c.dump is d:
+            if c.dump is d and (not c.lazy or c.n_host <= LAZY_CHECKED_HOSTS):
                 c.checks = ch
 
 

@@ -17,13 +17,15 @@ packets built from the dump's clock-sync pairs relate the two; trace_processor d
 subtracts one domain from the other. Flows run from each host launch record to (up to ``flows``) device blocks.
 
 The device-event packets (the bulk) are encoded by :mod:`kvconv.emit._wire` straight into protobuf wire bytes;
-the few dozen descriptor / interning / snapshot packets use perfetto's own protos.
+the few dozen descriptor / interning / snapshot / canary packets by :mod:`kvconv.emit._proto` (perfetto's generated
+protos are not imported: their descriptor pool cost every process ~45 ms of CPU).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kvconv.emit import _proto as pr
 from kvconv.emit import _wire as w
 from kvconv.emit._canary import CanarySteps
 from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
@@ -49,13 +51,7 @@ EST_EVENT_BYTES = 40
 HOST_BATCH = 1 << 18  # host records x flows encoded at a time (up to 65,536 records: all at once)
 
 
-def _pb():
-    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-
-    return pb
-
-
-def trace_clock_anchor(pb) -> bytes:
+def trace_clock_anchor() -> bytes:
     """The first packet of every trace: CLOCK_MONOTONIC is the trace's time (``primary_trace_clock``), and
     CLOCK_BOOTTIME is related to it.
 
@@ -66,19 +62,10 @@ def trace_clock_anchor(pb) -> bytes:
     exact on a host that has not been suspended since boot (where BOOTTIME = MONOTONIC); it moves only events of
     another trace recorded in BOOTTIME and merged with this one, by the time the host spent suspended. The
     snapshot also sets the trace time when no context has clock-sync pairs (no other snapshot is written then)."""
-    p = pb.TracePacket()
-    p.trusted_packet_sequence_id = META_SEQ
-    cs = p.clock_snapshot
-    for clock in (BOOT_CLOCK, HOST_CLOCK):
-        a = cs.clocks.add()
-        a.clock_id, a.timestamp = clock, 0
-    cs.primary_trace_clock = HOST_CLOCK
-    return frame(p.SerializeToString())
+    return pr.clock_snapshot_packet([(BOOT_CLOCK, 0), (HOST_CLOCK, 0)], primary=HOST_CLOCK, seq=META_SEQ)
 
 
-def frame(packet: bytes) -> bytes:
-    """One ``Trace.packet`` field around serialized TracePacket bytes."""
-    return b"\x0a" + w.varint_bytes(len(packet)) + packet
+frame = pr.frame  # one ``Trace.packet`` field around serialized TracePacket bytes
 
 
 class _Names:
@@ -183,27 +170,14 @@ class _Packets:
     def host_tracks(self, rows=None) -> np.ndarray:
         return self.u(self.plan.host_tracks(rows))
 
-    # -- metadata packets (perfetto protos) ------------------------------------------------------------------
+    # -- metadata packets (kvconv.emit._proto) ------------------------------------------------------------------
 
-    def descriptors(self, pb) -> list[bytes]:
+    def descriptors(self) -> list[bytes]:
         c, u, out = self.c, self.u, []
-        rank = [0]
 
         def td(uuid, name, parent=None, counter=None, ordering=None):
-            p = pb.TracePacket()
-            p.trusted_packet_sequence_id = META_SEQ
-            d = p.track_descriptor
-            d.uuid = uuid
-            d.name = name
-            if parent is not None:
-                d.parent_uuid = parent
-            if ordering is not None:
-                d.child_ordering = ordering
-            d.sibling_order_rank = rank[0]
-            rank[0] += 1
-            if counter is not None:
-                d.counter.unit_name = counter
-            out.append(frame(p.SerializeToString()))
+            out.append(pr.track_descriptor_packet(seq=META_SEQ, uuid=uuid, name=name, rank=len(out), parent=parent,
+                                                  counter=counter, ordering=ordering))
 
         b = c.clock.bound()
         extra = f" ±{b['bound_ns'] / 1000:.2f} µs" if b["bound_ns"] is not None else " (unaligned)"
@@ -242,53 +216,22 @@ class _Packets:
             return []
         return [t for t in self.plan.kernel_track_names() if t[0] == kind and t[1] == ix]
 
-    def seq_start(self, pb, seq: int, names: _Names, ann: tuple, clock: int) -> bytes:
-        p = pb.TracePacket()
-        p.trusted_packet_sequence_id = seq
-        p.sequence_flags = SEQ_CLEARED
-        p.trace_packet_defaults.timestamp_clock_id = clock
-        for name, iid in names.iid.items():
-            e = p.interned_data.event_names.add()
-            e.iid, e.name = iid, name
-        for i, name in enumerate(ann, 1):
-            e = p.interned_data.debug_annotation_names.add()
-            e.iid, e.name = i, name
-        if seq == self.dev_seq:
-            for i, text in enumerate(self.write_strings, 1):
-                e = p.interned_data.debug_annotation_string_values.add()
-                e.iid, e.str = i, text.encode()
-        return frame(p.SerializeToString())
+    def seq_start(self, seq: int, names: _Names, ann: tuple, clock: int) -> bytes:
+        strings = [(i, text.encode()) for i, text in enumerate(self.write_strings, 1)] if seq == self.dev_seq else []
+        return pr.sequence_start_packet(seq=seq, flags=SEQ_CLEARED, clock=clock,
+                                        event_names=[(iid, name) for name, iid in names.iid.items()],
+                                        annotation_names=list(enumerate(ann, 1)), string_values=strings)
 
-    def snapshots(self, pb) -> list[bytes]:
-        out = []
-        for r in self.c.clock.pairs:
-            p = pb.TracePacket()
-            p.trusted_packet_sequence_id = self.dev_seq
-            cs = p.clock_snapshot
-            a = cs.clocks.add()
-            a.clock_id, a.timestamp = HOST_CLOCK, int(r["host_ns"])
-            b = cs.clocks.add()
-            b.clock_id, b.timestamp = DEVICE_CLOCK, int(r["gpu_ns"])
-            cs.primary_trace_clock = HOST_CLOCK
-            out.append(frame(p.SerializeToString()))
-        return out
+    def snapshots(self) -> list[bytes]:
+        return [pr.clock_snapshot_packet([(HOST_CLOCK, int(r["host_ns"])), (DEVICE_CLOCK, int(r["gpu_ns"]))],
+                                         primary=HOST_CLOCK, seq=self.dev_seq) for r in self.c.clock.pairs]
 
-    def canary_packets(self, pb):
+    def canary_packets(self):
         """One instant per checked (step, buffer), yielded one by one."""
         for step, buf, host_ns, n in self.canary.rows() if self.canary else ():
-            p = pb.TracePacket()
-            p.trusted_packet_sequence_id = self.host_seq
-            p.sequence_flags = SEQ_NEEDS
-            p.timestamp = host_ns
-            te = p.track_event
-            te.type = T_INSTANT
-            te.track_uuid = self.u.canary
-            te.name = f"step {step} {buf}: " + ("ok" if not n[2] + n[3] else f"{n[2]} unexpected, {n[3]} missing")
-            for key, v in zip(CanarySteps.LISTS, n):
-                a = te.debug_annotations.add()
-                a.name = key
-                a.uint_value = v
-            yield frame(p.SerializeToString())
+            name = f"step {step} {buf}: " + ("ok" if not n[2] + n[3] else f"{n[2]} unexpected, {n[3]} missing")
+            yield pr.instant_packet(seq=self.host_seq, flags=SEQ_NEEDS, ts=host_ns, track=self.u.canary,
+                                    kind=T_INSTANT, name=name, annotations=zip(CanarySteps.LISTS, n))
 
     # -- vectorised packets -----------------------------------------------------------------------------------
 
@@ -521,7 +464,6 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
     from kvconv.format.atomic import atomic_output
 
     with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
-        pb = _pb()
         aggs = first_passes(ctxs, options, bar)
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)
@@ -537,21 +479,21 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
                 BackgroundWriter(raw) as f:
-            f.write(trace_clock_anchor(pb))
+            f.write(trace_clock_anchor())
             for pl in plans:
-                for b in pl.descriptors(pb):
+                for b in pl.descriptors():
                     f.write(b)
                 pl = None  # a lazy context's plan goes before the next one's is made (Plans)
             for pl in plans:
                 c = pl.c
                 dev_clock = DEVICE_CLOCK if c.clock.n else HOST_CLOCK
-                f.write(pl.seq_start(pb, pl.dev_seq, pl.dev_names, pl.dev_ann, dev_clock))
-                for b in pl.snapshots(pb):
+                f.write(pl.seq_start(pl.dev_seq, pl.dev_names, pl.dev_ann, dev_clock))
+                for b in pl.snapshots():
                     f.write(b)
-                f.write(pl.seq_start(pb, pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
+                f.write(pl.seq_start(pl.host_seq, pl.host_names, HOST_ANN, HOST_CLOCK))
                 for b in pl.host_packets():
                     f.write(b)
-                for b in pl.canary_packets(pb):
+                for b in pl.canary_packets():
                     f.write(b)
                 for b in pl.slice_packets():
                     f.write(b)

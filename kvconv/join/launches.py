@@ -12,6 +12,7 @@ records wins by it).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -276,6 +277,7 @@ def kernel_short(names: dict, slot) -> str:
     return short_name(name)
 
 
+@functools.lru_cache(maxsize=4096)  # a character loop over names of hundreds of characters: asked for each chunk
 def short_name(name: str) -> str:
     """A kernel's readable name (the one shortener of reconcile and the emitters): the function without its
     return type, scopes, template arguments and parameters.
