@@ -87,38 +87,11 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
     try:
         for di, d in enumerate(dumps):
             if options.verify_checksums:
-                for g in d.groups:  # a live (unfinished) or cut-short group has no checksum to compare
-                    if g.kind is None or g.kind.name == "device_event" or not g.checksummed:
-                        continue
-                    if not g.crc_ok():
-                        checksum_mismatch(d, g, salvage=options.salvage, warn=warn)
-                    if d.size > RELEASE_BYTES:  # the pages just checked go back (host records grow with the run)
-                        dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset,
-                                              len(g.records) * int(g.header["record_size"]))
-            meta = d.metadata()
+                _verify_host_groups(d, options, warn)
             stem = _safe(Path(d.path).name.split(".")[0])
             run = stem if stem not in runs else f"{stem}-{di}"
             runs[run] = di
-            for ctx, dev in d.contexts():
-                if any(c.dump is d and c.context_id == ctx for c in ctxs):
-                    continue
-                groups = d.groups_of("device_event", context_id=ctx)
-                kinds = {g.kind.name for g in d.groups if g.kind is not None and g.context_id == ctx}
-                if not (kinds & layout.CONTEXT_KINDS):  # the kinds whose "per_context" is true (layouts.json)
-                    continue
-                clock = of_dump(d, ctx)
-                c = Ctx(serial=len(ctxs), dump=d, label=Path(d.path).name, run=run, context_id=ctx, device_id=dev,
-                        groups=groups, n_events=sum(len(g.records) for g in groups), host=None,
-                        n_host=sum(len(g.records) for k in ("graph_node", "eager_launch")
-                                   for g in d.groups_of(k, context_id=ctx)),
-                        names=d.kernel_names(context_id=ctx), clock=clock,
-                        device_drops=d.drops("device_event", context_id=ctx),
-                        host_drops=d.drops("graph_node", context_id=ctx) + d.drops("eager_launch", context_id=ctx),
-                        meta=meta, salvage=options.salvage, warn=warn)
-                if not clock.n and c.n_events:
-                    warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
-                         "times and are not aligned with host records")
-                ctxs.append(c)
+            _describe(d, run, ctxs, options, warn)
             _load_tables(d, [c for c in ctxs if c.dump is d], options)
         if options.verdict and checks is not None:
             _attach_checks(dumps, ctxs, options, checks)
@@ -131,6 +104,43 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
             d.close()
         raise
     return dumps, ctxs
+
+
+def _verify_host_groups(d, options: EmitOptions, warn) -> None:
+    """The payload checksums of every group but the device events' (those are summed while they stream)."""
+    for g in d.groups:  # a live (unfinished) or cut-short group has no checksum to compare
+        if g.kind is None or g.kind.name == "device_event" or not g.checksummed:
+            continue
+        if not g.crc_ok():
+            checksum_mismatch(d, g, salvage=options.salvage, warn=warn)
+        if d.size > RELEASE_BYTES:  # the pages just checked go back (host records grow with the run)
+            dumpmod.release_pages(getattr(d, "_mm", None), g.payload_offset,
+                                  len(g.records) * int(g.header["record_size"]))
+
+
+def _describe(d, run: str, ctxs: list[Ctx], options: EmitOptions, warn) -> None:
+    """Each context of dump ``d`` that holds per-context records, as a :class:`Ctx` appended to ``ctxs``."""
+    meta = d.metadata()
+    for ctx, dev in d.contexts():
+        if any(c.dump is d and c.context_id == ctx for c in ctxs):
+            continue
+        groups = d.groups_of("device_event", context_id=ctx)
+        kinds = {g.kind.name for g in d.groups if g.kind is not None and g.context_id == ctx}
+        if not (kinds & layout.CONTEXT_KINDS):  # the kinds whose "per_context" is true (layouts.json)
+            continue
+        clock = of_dump(d, ctx)
+        c = Ctx(serial=len(ctxs), dump=d, label=Path(d.path).name, run=run, context_id=ctx, device_id=dev,
+                groups=groups, n_events=sum(len(g.records) for g in groups), host=None,
+                n_host=sum(len(g.records) for k in ("graph_node", "eager_launch")
+                           for g in d.groups_of(k, context_id=ctx)),
+                names=d.kernel_names(context_id=ctx), clock=clock,
+                device_drops=d.drops("device_event", context_id=ctx),
+                host_drops=d.drops("graph_node", context_id=ctx) + d.drops("eager_launch", context_id=ctx),
+                meta=meta, salvage=options.salvage, warn=warn)
+        if not clock.n and c.n_events:
+            warn(f"{c.label} context {ctx}: no clock-sync pairs; device events keep their raw %globaltimer "
+                 "times and are not aligned with host records")
+        ctxs.append(c)
 
 
 def _verdicts(checks: list) -> list:

@@ -189,35 +189,7 @@ def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
     """The rows of one group (every number of a part has the same digit count in all its rows): a ``(n, width)``
     uint8 matrix. The constant bytes are broadcast first; the 8-byte words holding numbers are assembled (template
     bytes OR-ed with each number's ASCII digits shifted into place) and stored word column by word column."""
-    tmpl = bytearray()
-    pieces: list = []
-    for p in parts:
-        if p.kind == "lit":
-            tmpl += p.value
-        elif p.kind == "choice":
-            ids = p.value if idx is None else p.value[idx]
-            c0 = p.choices[int(ids[0])]
-            if int(ids.min()) == int(ids.max()):
-                tmpl += c0
-            else:  # strings of one length: their 8-byte words, gathered per row
-                Ls = len(c0)
-                padded = b"".join(c.ljust(-(-Ls // 8) * 8, b"\0")[: -(-Ls // 8) * 8] if len(c) == Ls
-                                  else bytes(-(-Ls // 8) * 8) for c in p.choices)
-                lut = np.frombuffer(padded, "<u8").reshape(len(p.choices), -1)
-                ix = ids.astype(np.intp)
-                for k in range(lut.shape[1]):
-                    pieces.append((len(tmpl) + 8 * k, lut[:, k][ix], min(8, Ls - 8 * k)))
-                tmpl += bytes(Ls)
-        else:
-            v = p.value if idx is None else p.value[idx]
-            if p.kind == "uint":
-                D = len(str(int(v.max()))) if p.pad else len(str(int(v[0])))
-                tmpl += _number(v, D, len(tmpl), pieces, n, p.pad)
-            else:
-                q = v // _U64(1000)
-                tmpl += _number(q, len(str(int(q[0]))), len(tmpl), pieces, n)
-                tmpl += b"."
-                tmpl += _number(v - q * _U64(1000), 3, len(tmpl), pieces, n).rjust(3, b"0")
+    tmpl, pieces = _template(parts, n, idx)
     W = len(tmpl)
     if W < 8 and pieces:
         return _fill_bytes(parts, n, idx, i0)
@@ -229,15 +201,7 @@ def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
         return mat
     nw = (W + 7) // 8
     words = np.frombuffer(bytes(tmpl) + bytes(8 * nw - W), "<u8")
-    cols: dict = {}
-    for p, val, L in pieces:
-        for j in range(p // 8, (p + L - 1) // 8 + 1):
-            sh = p - 8 * j
-            part = (val << _U64(8 * sh)) if sh > 0 else ((val >> _U64(-8 * sh)) if sh < 0 else val)
-            if j not in cols:
-                cols[j] = part | words[j] if words[j] else (part.copy() if part is val else part)
-            else:
-                cols[j] |= part
+    cols = _word_columns(pieces, words)
     order = sorted(cols)
     if nw - 1 in cols and W % 8:  # its bytes past the row end spill into the next row's first word: store that after
         order = [nw - 1] + [j for j in order if j != nw - 1]
@@ -254,6 +218,60 @@ def _fill(parts: list, n: int, idx, i0: int) -> np.ndarray:
         for dst, src in srcs:
             dst[a:b] = src[a:b] if src.ndim else src
     return mat
+
+
+def _template(parts: list, n: int, idx) -> tuple[bytearray, list]:
+    """One row's constant bytes (numbers' digits and varying strings left as zero bytes) and the pieces that fill
+    them in: ``(byte offset, uint64 column of 8-byte words, length in bytes)``."""
+    tmpl = bytearray()
+    pieces: list = []
+    for p in parts:
+        if p.kind == "lit":
+            tmpl += p.value
+        elif p.kind == "choice":
+            tmpl += _choice(p, p.value if idx is None else p.value[idx], len(tmpl), pieces)
+        else:
+            v = p.value if idx is None else p.value[idx]
+            if p.kind == "uint":
+                D = len(str(int(v.max()))) if p.pad else len(str(int(v[0])))
+                tmpl += _number(v, D, len(tmpl), pieces, n, p.pad)
+            else:
+                q = v // _U64(1000)
+                tmpl += _number(q, len(str(int(q[0]))), len(tmpl), pieces, n)
+                tmpl += b"."
+                tmpl += _number(v - q * _U64(1000), 3, len(tmpl), pieces, n).rjust(3, b"0")
+    return tmpl, pieces
+
+
+def _choice(p, ids: np.ndarray, at: int, pieces: list) -> bytes:
+    """A string chosen per row: the one string when every row chose it, else (strings of one length) zero bytes
+    in the template and the strings' 8-byte words gathered per row into ``pieces``."""
+    c0 = p.choices[int(ids[0])]
+    if int(ids.min()) == int(ids.max()):
+        return c0
+    Ls = len(c0)
+    padded = b"".join(c.ljust(-(-Ls // 8) * 8, b"\0")[: -(-Ls // 8) * 8] if len(c) == Ls
+                      else bytes(-(-Ls // 8) * 8) for c in p.choices)
+    lut = np.frombuffer(padded, "<u8").reshape(len(p.choices), -1)
+    ix = ids.astype(np.intp)
+    for k in range(lut.shape[1]):
+        pieces.append((at + 8 * k, lut[:, k][ix], min(8, Ls - 8 * k)))
+    return bytes(Ls)
+
+
+def _word_columns(pieces: list, words: np.ndarray) -> dict:
+    """Each 8-byte word of the row that a piece touches, as a column over the rows: the template's word OR-ed with
+    every piece's bytes shifted into place."""
+    cols: dict = {}
+    for p, val, L in pieces:
+        for j in range(p // 8, (p + L - 1) // 8 + 1):
+            sh = p - 8 * j
+            part = (val << _U64(8 * sh)) if sh > 0 else ((val >> _U64(-8 * sh)) if sh < 0 else val)
+            if j not in cols:
+                cols[j] = part | words[j] if words[j] else (part.copy() if part is val else part)
+            else:
+                cols[j] |= part
+    return cols
 
 
 _STORE_BLOCK = 256 << 10  # bytes of rows stored at a time (within a core's L2)
