@@ -50,18 +50,11 @@ def _identity(path: str):
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
     """The handlers above while inside (main thread only; a disposition the process was given is kept)."""
-    installed = {}
     _state["outputs"] = []
-    if threading.current_thread() is threading.main_thread():
-        for s in _HANDLED:
-            default = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
-            if signal.getsignal(s) is default:
-                installed[s] = signal.signal(s, _on_signal)
-    try:
+    from kvconv.format import atomic
+
+    with atomic.signals_handled(_on_signal):
         yield
-    finally:
-        for s, h in installed.items():
-            signal.signal(s, h)
 
 
 def quiet_shutdown() -> None:

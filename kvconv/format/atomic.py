@@ -387,11 +387,17 @@ def _on_signal(signum, frame) -> None:
     os._exit(128 + signum)
 
 
-@contextlib.contextmanager
-def cleanup_on_signals() -> Iterator[None]:
+def cleanup_on_signals():
     """While inside, SIGINT, SIGTERM and SIGHUP remove the temporary outputs and exit 128 + n, unless the process
     already handles or ignores them (``nohup``: SIGHUP stays ignored; an embedding program's own SIGINT handler is
     kept). Main thread only; nests."""
+    return signals_handled(_on_signal)
+
+
+@contextlib.contextmanager
+def signals_handled(_on_signal) -> Iterator[None]:
+    """``_on_signal`` handles SIGINT, SIGTERM and SIGHUP while inside, where the process has its default disposition
+    for them (one it was given, such as nohup's ignored SIGHUP, is kept); main thread only."""
     installed = {}
     if threading.current_thread() is threading.main_thread():
         for s in _HANDLED:

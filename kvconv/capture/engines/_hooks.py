@@ -10,6 +10,7 @@ patch an engine's classes in the processes that load them, and only there.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import sys
 import threading
@@ -77,3 +78,21 @@ def after_import(name: str, fn) -> None:
         _pending.setdefault(name, []).append(fn)
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
+
+
+def version_of(module: str) -> str:
+    """The engine's version for the probe dump's metadata ("?" where it cannot be read)."""
+    try:
+        return str(getattr(importlib.import_module(module), "__version__", "?"))
+    except Exception:  # noqa: BLE001 - metadata only
+        return "?"
+
+
+def guarded(session, what: str, fn, *args) -> None:
+    """Run a probe action of a plugin's session; an error stops the probe (``session.fail``), never the engine."""
+    if session is None or session.broken:
+        return
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - whatever fails in the probe, the engine must go on
+        session.fail(what, e)

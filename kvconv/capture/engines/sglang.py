@@ -46,6 +46,7 @@ import os
 import sys
 import warnings
 
+from kvconv.capture.engines._hooks import guarded, version_of
 from kvconv.capture.engines.vllm import probe_path, request_ids
 
 ENV = "KVCONV_ENGINE"
@@ -175,12 +176,12 @@ class _Session:
         page = int(getattr(alloc, "page_size", 1) or 1)
         caches = pool_caches(getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None), page,
                              int(getattr(pool, "start_layer", 0) or 0))
-        meta = {"producer": "kvconv.capture.engines.sglang", "engine": "sglang", "sglang_version": _version(),
+        meta = {"producer": "kvconv.capture.engines.sglang", "engine": "sglang", "sglang_version": version_of("sglang"),
                 "page_size": page, "pool": type(pool).__name__, "plant": os.environ.get("KVCONV_PLANT") or None}
         named = os.environ.get("KVCONV_PROBE_OUTPUT", "").replace("%p", str(os.getpid()))  # %p: one per scheduler
         self.recorder = CanaryRecorder(named or probe_path(os.environ.get("KVCONV_OUTPUT"), os.getpid(),
                                                            engine="sglang"), metadata=meta)
-        atexit.register(_guarded, self, "writing the probe dump at exit", self.close)
+        atexit.register(guarded, self, "writing the probe dump at exit", self.close)
         with warnings.catch_warnings():  # no tracer here: the mapping still goes into the probe's dump
             warnings.simplefilter("ignore")
             self.writes = WriteProbe(mirror=self.recorder)
@@ -279,25 +280,6 @@ def _profiler_range(start: bool) -> bool:
     return True
 
 
-def _version() -> str:
-    try:
-        import sglang
-
-        return str(getattr(sglang, "__version__", "?"))
-    except Exception:  # noqa: BLE001 - metadata only
-        return "?"
-
-
-def _guarded(session: _Session | None, what: str, fn, *args) -> None:
-    """Run a probe action; an error stops the probe, never the engine."""
-    if session is None or session.broken:
-        return
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - whatever fails in the probe, the engine must go on
-        session.fail(what, e)
-
-
 # ---- the hooks (HookRegistry AROUND: hook(original, *args, **kwargs)) ----
 
 def session_of(runner) -> _Session | None:
@@ -306,7 +288,7 @@ def session_of(runner) -> _Session | None:
     if s is None and not getattr(runner, "is_draft_worker", False):
         s = runner._kvconv = _Session(runner)
         _sessions.append(s)
-        _guarded(s, "registering the token pool", s.attach)
+        guarded(s, "registering the token pool", s.attach)
     return s
 
 
@@ -314,18 +296,18 @@ def around_forward(original, runner, forward_batch, *a, **kw):
     s = session_of(runner)
     if s is None or s.broken or s.recorder is None:
         return original(runner, forward_batch, *a, **kw)
-    _guarded(s, f"recording step {s.step}", s.begin, forward_batch)
+    guarded(s, f"recording step {s.step}", s.begin, forward_batch)
     try:
         return original(runner, forward_batch, *a, **kw)
     finally:
         if s.open:
-            _guarded(s, f"closing step {s.step - 1}", s.end)
+            guarded(s, f"closing step {s.step - 1}", s.end)
 
 
 def around_release(original, req, *a, **kw):
     out = original(req, *a, **kw)
     for s in _sessions:
-        _guarded(s, "recording a release", s.release, getattr(req, "rid", None))
+        guarded(s, "recording a release", s.release, getattr(req, "rid", None))
     return out
 
 
@@ -333,5 +315,5 @@ def around_flush(original, scheduler, *a, **kw):
     ok = original(scheduler, *a, **kw)
     if ok:  # idle, nothing in flight: the run's end as the harness marks it (Engine.flush_cache)
         for s in _sessions:
-            _guarded(s, "writing the probe dump at flush_cache", s.close)
+            guarded(s, "writing the probe dump at flush_cache", s.close)
     return ok

@@ -37,7 +37,7 @@ import os
 import sys
 import warnings
 
-from kvconv.capture.engines._hooks import after_import
+from kvconv.capture.engines._hooks import after_import, guarded, version_of
 
 ENV = "KVCONV_ENGINE"
 RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
@@ -198,11 +198,11 @@ class _Session:
         if len(groups) != 1 or getattr(r, "dcp_size", 1) != 1 or getattr(r, "pcp_manager", None) is not None:
             raise RuntimeError(f"{len(groups)} KV-cache groups or context parallelism: one group, no CP is covered")
         kbs = int(r.kernel_block_sizes[0])
-        meta = {"producer": "kvconv.capture.engines.vllm", "engine": "vllm", "vllm_version": _vllm_version(),
+        meta = {"producer": "kvconv.capture.engines.vllm", "engine": "vllm", "vllm_version": version_of("vllm"),
                 "runner": "v2", "mapping": "device" if self.device_map else "host", "block_size": kbs,
                 "plant": os.environ.get("KVCONV_PLANT") or None}
         self.recorder = CanaryRecorder(_output_path(), metadata=meta)
-        atexit.register(_guarded, self, "writing the probe dump at exit", self.close)
+        atexit.register(guarded, self, "writing the probe dump at exit", self.close)
         with warnings.catch_warnings():  # no tracer here: the mapping still goes into the probe's dump
             warnings.simplefilter("ignore")
             self.writes = WriteProbe(mirror=self.recorder)
@@ -297,25 +297,6 @@ class _Session:
         print(f"kvconv vllm plugin: probe dump written: {rec.path} ({self.step} steps)", file=sys.stderr, flush=True)
 
 
-def _vllm_version() -> str:
-    try:
-        import vllm
-
-        return str(getattr(vllm, "__version__", "?"))
-    except Exception:  # noqa: BLE001 - metadata only
-        return "?"
-
-
-def _guarded(session: _Session | None, what: str, fn, *args) -> None:
-    """Run a probe action; an error stops the probe, never the engine."""
-    if session is None or session.broken:
-        return
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - whatever fails in the probe, the engine must go on
-        session.fail(what, e)
-
-
 # ---- the patches (run where vLLM's modules are imported) ----
 
 def _wrap(owner, name: str, make) -> None:
@@ -355,7 +336,7 @@ def _patch_runner(mod) -> None:
             out = orig(self, *a, **kw)
             self._kvconv = s = _Session(self)
             _sessions.append(s)
-            _guarded(s, "registering the KV caches", s.attach)
+            guarded(s, "registering the KV caches", s.attach)
             return out
         return initialize_kv_cache
 
@@ -366,7 +347,7 @@ def _patch_runner(mod) -> None:
             err = getattr(self.block_tables, "_kvconv_mirror_error", None)
             if err is not None and s is not None and not s.device_map:
                 s.fail("mirroring the block table", err)
-            _guarded(s, f"recording step {getattr(s, 'step', '?')}", s and s.begin, input_batch)
+            guarded(s, f"recording step {getattr(s, 'step', '?')}", s and s.begin, input_batch)
             return out
         return prepare_attn
 
@@ -374,18 +355,18 @@ def _patch_runner(mod) -> None:
         def execute_model(self, scheduler_output, *a, **kw):
             s = getattr(self, "_kvconv", None)
             if s is not None and not kw.get("dummy_run", False):
-                _guarded(s, "recording the releases", s.release, scheduler_output)
+                guarded(s, "recording the releases", s.release, scheduler_output)
             try:
                 return orig(self, scheduler_output, *a, **kw)
             finally:
                 if s is not None and s.open:
-                    _guarded(s, f"closing step {s.step - 1}", s.end)
+                    guarded(s, f"closing step {s.step - 1}", s.end)
         return execute_model
 
     def stop(orig):
         def shutdown(self, *a, **kw):
             s = getattr(self, "_kvconv", None)
-            _guarded(s, "writing the probe dump", s and s.close)
+            guarded(s, "writing the probe dump", s and s.close)
             return orig(self, *a, **kw)
         return shutdown
 
@@ -422,7 +403,7 @@ def _patch_flash_attn(mod) -> None:
     def make(orig):
         def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
             for s in _live_sessions():
-                _guarded(s, "handing over the K/V rows", s.expect, kv_cache, key, value)
+                guarded(s, "handing over the K/V rows", s.expect, kv_cache, key, value)
             return orig(self, layer, key, value, kv_cache, slot_mapping)
         return do_kv_cache_update
     _wrap(mod.FlashAttentionImpl, "do_kv_cache_update", make)
