@@ -287,7 +287,7 @@ def _session_run(tmp_path, monkeypatch, *, wrong: bool):
     slots = host_slots(runner.block_tables._kvconv_mirror.table, [0], [0], [6], 4, 8)
     for i, kv in enumerate(runner.kv_caches):
         key, value = (torch.randn(8, 2, 4, generator=gen).to(torch.bfloat16) for _ in range(2))
-        plugin._guarded(s, "rows", s.expect, kv, key, value)
+        plugin.guarded(s, "rows", s.expect, kv, key, value)
         written = key.clone()
         if wrong and i == 1:
             written[3] = written[3] * 2 + 1
@@ -334,8 +334,8 @@ def test_session_error_stops_the_probe_not_the_engine(tmp_path, monkeypatch, cap
     s.begin(batch)
     flat = torch.zeros(1, 8, dtype=torch.bfloat16)  # K/V not [tokens, heads, head_size]
     with pytest.warns(RuntimeWarning, match="handing over"):
-        plugin._guarded(s, "handing over the K/V rows", s.expect, runner.kv_caches[0], flat, flat)
-    plugin._guarded(s, "later", s.begin, batch)  # stopped: nothing more is tried
+        plugin.guarded(s, "handing over the K/V rows", s.expect, runner.kv_caches[0], flat, flat)
+    plugin.guarded(s, "later", s.begin, batch)  # stopped: nothing more is tried
     assert s.broken and "recording stops, the engine goes on" in capsys.readouterr().err
     with dump.open(tmp_path / "p.kvdump") as d:
         assert d.metadata()["plugin_errors"] == ["handing over the K/V rows: RuntimeError: K (1, 8), V (1, 8): "
