@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     from kvconv.cli import interrupt
 
     try:
-        with warnings.catch_warnings(), interrupt.handled():
+        # the program itself (not a caller's main([...])): its end is not interrupted
+        with warnings.catch_warnings(), interrupt.handled(program=argv is None):
             warnings.showwarning = _one_line_warning
             return _main(argv)
     finally:
@@ -129,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
                 out.reconfigure(errors=errors)
             except (ValueError, OSError):
                 pass
-        if argv is None:  # the program itself (not a caller's main([...])): its end is not interrupted
-            interrupt.quiet_shutdown()
 
 
 # a Ctrl-C that reached the command as KeyboardInterrupt (kvconv.cli.interrupt's handler not installed: the process

@@ -24,7 +24,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 
 _HANDLED = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -48,20 +47,15 @@ def _identity(path: str):
 
 
 @contextlib.contextmanager
-def handled() -> Iterator[None]:
-    """The handlers above while inside (main thread only; a disposition the process was given is kept)."""
+def handled(*, program: bool = False) -> Iterator[None]:
+    """The handlers above while inside (main thread only; a disposition the process was given is kept). ``program``:
+    the command is the whole program, whose end follows: a signal once the command is over (threads joined, files
+    closed, outputs in place) changes nothing, and the process exits with the command's status."""
     _state["outputs"] = []
     from kvconv.format import atomic
 
-    with atomic.signals_handled(_on_signal):
+    with atomic.signals_handled(_on_signal, then_ignore=program):
         yield
-
-
-def quiet_shutdown() -> None:
-    """The command is over: a Ctrl-C while Python shuts down (threads joined, files closed) changes nothing."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) in (
-            signal.default_int_handler, _on_signal):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _unfinished() -> list:

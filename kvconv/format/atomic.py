@@ -395,9 +395,10 @@ def cleanup_on_signals():
 
 
 @contextlib.contextmanager
-def signals_handled(_on_signal) -> Iterator[None]:
+def signals_handled(_on_signal, *, then_ignore: bool = False) -> Iterator[None]:
     """``_on_signal`` handles SIGINT, SIGTERM and SIGHUP while inside, where the process has its default disposition
-    for them (one it was given, such as nohup's ignored SIGHUP, is kept); main thread only."""
+    for them (one it was given, such as nohup's ignored SIGHUP, is kept); main thread only. ``then_ignore``: the
+    program ends when this does, so those signals are ignored from then on instead of killing a finished command."""
     installed = {}
     if threading.current_thread() is threading.main_thread():
         for s in _HANDLED:
@@ -408,7 +409,7 @@ def signals_handled(_on_signal) -> Iterator[None]:
         yield
     finally:
         for s, h in installed.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if then_ignore else h)
 
 
 def _raise_write_error(e: BaseException, where: str) -> None:
