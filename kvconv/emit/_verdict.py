@@ -53,6 +53,8 @@ def warn_reconcile(ctxs: list, options: EmitOptions, warn) -> None:
     if options.reconcile == "never":
         return
     from kvconv.check import reconcile as rec
+    from kvconv.check.verdict import STATES
+    from kvconv.wording import counted
 
     by_dump: dict[int, list] = {}
     for c in ctxs:
@@ -68,7 +70,7 @@ def warn_reconcile(ctxs: list, options: EmitOptions, warn) -> None:
         codes = Counter(f.code for f in rr.findings if f.severity == "error")
         n = sum(codes.values())
         what = ", ".join(f"{k} {v:,}" if v > 1 else k for k, v in sorted(codes.items()))
-        warn(f"{cs[0].label}: kvconv reconcile FAILED ({n:,} error finding{'s' if n != 1 else ''}: {what}); the "
+        warn(f"{cs[0].label}: kvconv reconcile {STATES['failed']} ({counted(n, 'error finding')}: {what}); the "
              f"output shows the events as recorded; `kvconv reconcile {cs[0].label}` says what disagrees")
 
 
