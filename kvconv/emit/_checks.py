@@ -6,7 +6,7 @@ each chunk of the first walk of a context's device events that runs to its end (
 whichever comes first; the checksum is the one that walk sums). The registry's other passes read little: those
 before ``launches`` (structure, metadata, kernels, clock sync) run when the checks are set up, the rest (the
 canaries) at :meth:`Checks.finish`, where validate's own walk also checks a context no walk of the emitter finished,
-or one the emitter streams lazily with many host records (``_contexts.LAZY_CHECKED_HOSTS``: fed by the walk, the
+or one the emitter streams lazily (``_contexts.LAZY_CHECKED_HOSTS``, 0 host records: fed by the walk, the
 reconciler's launch table would sit beside the converter's; checked after, peak memory is the larger of the two).
 The result is validate's :class:`~kvconv.check.validate.Report` by construction: the same passes, in the same order
 (tests/test_emit_verdict.py holds it to ``kvconv validate`` on every fixture and on damaged dumps).
