@@ -66,6 +66,10 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
         res.contexts = len(ctxs)
         res.device_events = total
         t = time.perf_counter()
+        if checks:  # the output is written: its contexts' tables go before the checks left for now load theirs
+            for c in ctxs:
+                c.host = c.xjoin = c.hid = c._runs = None
+            release_heap()
         res.verdicts = _verdicts(checks)  # what the walks left: host records, canaries, the reconciler's report
         if checks:
             res.timings["verdict"] = time.perf_counter() - t
