@@ -63,17 +63,13 @@ def test_sglang_clean_plant_run_is_valid():
         assert code == 0 and not errors, (kind, errors)
 
 
-@pytest.mark.parametrize("plant", sorted(SGLANG_EXPECT))
-def test_sglang_plant_is_caught(plant):
-    dumps = _sglang(plant)
-    for kind, codes in SGLANG_EXPECT[plant].items():
-        code, errors = _judged(dumps[kind])
-        assert code == 1 and codes <= errors, (kind, errors)
+PLANTS = ([(_sglang, SGLANG_EXPECT, p) for p in sorted(SGLANG_EXPECT)]
+          + [(_vllm, VLLM_EXPECT, p) for p in sorted(VLLM_EXPECT)])
 
 
-@pytest.mark.parametrize("plant", sorted(VLLM_EXPECT))
-def test_vllm_plant_is_caught(plant):
-    dumps = _vllm(plant)
-    for kind, codes in VLLM_EXPECT[plant].items():
+@pytest.mark.parametrize("dumps_of,expect,plant", PLANTS, ids=[f"{f.__name__[1:]}-{p}" for f, _, p in PLANTS])
+def test_plant_is_caught(dumps_of, expect, plant):
+    dumps = dumps_of(plant)
+    for kind, codes in expect[plant].items():
         code, errors = _judged(dumps[kind])
         assert code == 1 and codes <= errors, (kind, errors)

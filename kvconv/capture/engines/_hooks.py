@@ -96,3 +96,22 @@ def guarded(session, what: str, fn, *args) -> None:
         fn(*args)
     except Exception as e:  # noqa: BLE001 - whatever fails in the probe, the engine must go on
         session.fail(what, e)
+
+
+def stop_probe(session, engine: str, what: str, exc: BaseException) -> str | None:
+    """A plugin session's failure (``session.fail``): recording stops, said once on stderr and noted in the probe
+    dump's metadata; what was recorded before goes into the dump if it can (``session.end``, ``session.close``).
+    The engine goes on. Returns the line said, or None when the session had stopped already."""
+    if session.broken:
+        return None
+    session.broken = True
+    text = f"{what}: {type(exc).__name__}: {exc}"
+    print(f"kvconv {engine} plugin: {text}; recording stops, the engine goes on", file=sys.stderr, flush=True)
+    if session.recorder is not None:
+        session.recorder.metadata.setdefault("plugin_errors", []).append(text[:1000])
+    for finish in (session.end, session.close):
+        try:
+            finish()
+        except Exception as e:  # noqa: BLE001 - nothing more can be saved; the engine goes on
+            print(f"kvconv {engine} plugin: {e!r} while stopping", file=sys.stderr, flush=True)
+    return text

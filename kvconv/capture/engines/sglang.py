@@ -46,7 +46,7 @@ import os
 import sys
 import warnings
 
-from kvconv.capture.engines._hooks import guarded, version_of
+from kvconv.capture.engines._hooks import guarded, stop_probe, version_of
 from kvconv.capture.engines.vllm import probe_path, request_ids
 
 ENV = "KVCONV_ENGINE"
@@ -154,18 +154,7 @@ class _Session:
 
     def fail(self, what: str, exc: BaseException) -> None:
         """Stop recording, say so once, note it in the dump: the engine goes on."""
-        if self.broken:
-            return
-        self.broken = True
-        text = f"{what}: {type(exc).__name__}: {exc}"
-        print(f"kvconv sglang plugin: {text}; recording stops, the engine goes on", file=sys.stderr, flush=True)
-        if self.recorder is not None:
-            self.recorder.metadata.setdefault("plugin_errors", []).append(text[:1000])
-        for finish in (self.end, self.close):
-            try:
-                finish()
-            except Exception as e:  # noqa: BLE001 - nothing more can be saved; the engine goes on
-                print(f"kvconv sglang plugin: {e!r} while stopping", file=sys.stderr, flush=True)
+        stop_probe(self, "sglang", what, exc)
 
     def attach(self) -> None:
         from kvconv.capture.probe import CanaryRecorder

@@ -37,7 +37,7 @@ import os
 import sys
 import warnings
 
-from kvconv.capture.engines._hooks import after_import, guarded, version_of
+from kvconv.capture.engines._hooks import after_import, guarded, stop_probe, version_of
 
 ENV = "KVCONV_ENGINE"
 RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
@@ -175,19 +175,9 @@ class _Session:
 
     def fail(self, what: str, exc: BaseException) -> None:
         """Stop recording, say so once, note it in the dump: the engine goes on."""
-        if self.broken:
-            return
-        self.broken = True
-        text = f"{what}: {type(exc).__name__}: {exc}"
-        print(f"kvconv vllm plugin: {text}; recording stops, the engine goes on", file=sys.stderr, flush=True)
-        warnings.warn(f"kvconv vllm plugin: {text}", RuntimeWarning, stacklevel=2)
-        if self.recorder is not None:
-            self.recorder.metadata.setdefault("plugin_errors", []).append(text[:1000])
-        for finish in (self.end, self.close):  # what was recorded before goes into the dump, if it can
-            try:
-                finish()
-            except Exception as e:  # noqa: BLE001 - nothing more can be saved; the engine goes on
-                print(f"kvconv vllm plugin: {e!r} while stopping", file=sys.stderr, flush=True)
+        text = stop_probe(self, "vllm", what, exc)
+        if text is not None:
+            warnings.warn(f"kvconv vllm plugin: {text}", RuntimeWarning, stacklevel=2)
 
     def attach(self) -> None:
         from kvconv.capture.probe import CanaryRecorder
