@@ -12,6 +12,10 @@ Works (each captured as one CUDA graph and replayed; the same process replays al
                 256 cached tokens, SiLU-gated MLP, residuals) with hidden 1024; one KV write per layer is PyTorch's
                 index_copy_ (kernel index_copy_kernel_impl): ~1,000 kernel nodes, 40 of them traced
   engine-qwen   the same graph with Qwen3-14B-sized projections (hidden 5120, 40 q / 8 kv heads, MLP 17408)
+  engine-1040   issue 42's shape: engine-small with separate K and V caches, so two index_copy_ KV writes a layer
+                (80 traced nodes in 40 layers, ~26 kernel nodes a layer: ~1,040 in all)
+  engine-1040-mm  the same, plus one 5120 x 15360 bf16 matmul a layer (one weight shared by every layer: 157 MB,
+                3x the H200's L2, so each layer streams it from memory), the work's step dominated by matmuls
 
 Process configs (--configs): untraced; before (--before-lib, its defaults); after (this build, defaults);
 floor (this build, KVCONV_CALLBACKS=none: the Compute Sanitizer injection, subscribed, no callback, no patch);
@@ -38,18 +42,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "native" / "workloads"))
 
 KERNELS = "reshape_and_cache_flash_kernel,index_copy_kernel_impl"
-WORKS = ["light", "qwen14b", "engine-small", "engine-qwen", "engine-small-b"]
-TARGETS_PER_REPLAY = {"light": 40, "qwen14b": 40, "engine-small": 40, "engine-qwen": 40, "engine-small-b": 40}
+WORKS = ["light", "qwen14b", "engine-small", "engine-qwen", "engine-small-b", "engine-1040", "engine-1040-mm"]
+TARGETS_PER_REPLAY = {"light": 40, "qwen14b": 40, "engine-small": 40, "engine-qwen": 40, "engine-small-b": 40,
+                      "engine-1040": 80, "engine-1040-mm": 80}
 
 
 class Engine:
     """A decode step shaped like vLLM's for a Qwen3-style model, ~25 kernels a layer: norm, qkv projection, q/k norm,
     rotary embedding, KV write with index_copy_, GQA attention over a static context, o projection, residual, norm,
     SiLU-gated MLP, residual. Plain PyTorch ops; the norms are F.layer_norm (one fused kernel each, as an engine's
-    fused RMSNorm is)."""
+    fused RMSNorm is). ``split_kv``: separate K and V caches, each written by its own index_copy_ (two traced KV
+    writes a layer, as an engine's paged K and V caches); ``extra_mm``: one [1, 5120] x [5120, 15360] matmul a
+    layer beside the layer's work (its weight shared by every layer)."""
 
-    def __init__(self, torch, *, H, q_heads, kv_heads, inter, layers, ctx=256, weights=None):
+    def __init__(self, torch, *, H, q_heads, kv_heads, inter, layers, ctx=256, weights=None, split_kv=False,
+                 extra_mm=False):
         self.torch, self.H, self.qh, self.kvh, self.d, self.ctx = torch, H, q_heads, kv_heads, 128, ctx
+        self.split_kv = split_kv
         dev, dt = "cuda", torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(99)
         n_q, n_kv = q_heads * 128, kv_heads * 128
@@ -67,8 +76,13 @@ class Engine:
             L["ln1"] = torch.ones(H, device=dev, dtype=dt)
             L["ln2"] = torch.ones(H, device=dev, dtype=dt)
             L["qkn"] = torch.ones(128, device=dev, dtype=dt)
-            L["cache"] = torch.zeros(1024, 2 * n_kv, device=dev, dtype=dt)
+            if split_kv:
+                L["kcache"] = torch.zeros(1024, n_kv, device=dev, dtype=dt)
+                L["vcache"] = torch.zeros(1024, n_kv, device=dev, dtype=dt)
+            else:
+                L["cache"] = torch.zeros(1024, 2 * n_kv, device=dev, dtype=dt)
             self.layers.append(L)
+        self.mm = (w(5120, 15360), torch.randn(1, 5120, device=dev, dtype=dt, generator=g)) if extra_mm else None
         ang = 7.0 * torch.pow(10000.0, -torch.arange(64, device=dev, dtype=torch.float32) / 64)
         self.cos = torch.cat((ang.cos(), ang.cos())).to(dt)
         self.sin = torch.cat((ang.sin(), ang.sin())).to(dt)
@@ -81,9 +95,17 @@ class Engine:
         qk = qk * self.cos + torch.cat((-qk[:, 64:], qk[:, :64]), dim=-1) * self.sin  # rotary
         q, k = qk[:qh], qk[qh:]
         v = qkv[:, self.n_q + self.n_kv:]
-        L["cache"].index_copy_(0, slot, torch.cat((k.reshape(1, -1), v), dim=-1))  # the KV write (traced)
-        kv = L["cache"][:self.ctx].view(self.ctx, 2, kvh, d)
-        kc, vc = kv[:, 0].permute(1, 2, 0), kv[:, 1].permute(1, 0, 2)  # [kvh, d, ctx], [kvh, ctx, d]
+        if self.split_kv:  # two KV writes (traced), as an engine's separate K and V caches, from staged copies
+            L["kcache"].index_copy_(0, slot, k.reshape(1, -1).clone())
+            L["vcache"].index_copy_(0, slot, v.clone())
+            kc = L["kcache"][:self.ctx].view(self.ctx, kvh, d).permute(1, 2, 0)  # [kvh, d, ctx]
+            vc = L["vcache"][:self.ctx].view(self.ctx, kvh, d).permute(1, 0, 2)  # [kvh, ctx, d]
+        else:
+            L["cache"].index_copy_(0, slot, torch.cat((k.reshape(1, -1), v), dim=-1))  # the KV write (traced)
+            kv = L["cache"][:self.ctx].view(self.ctx, 2, kvh, d)
+            kc, vc = kv[:, 0].permute(1, 2, 0), kv[:, 1].permute(1, 0, 2)  # [kvh, d, ctx], [kvh, ctx, d]
+        if self.mm is not None:  # the matmul-heavy variant: its result is kept in the layer's scratch
+            L["mm_out"] = self.mm[1] @ self.mm[0]
         s = torch.bmm(q.reshape(kvh, qh // kvh, d), kc) * (d ** -0.5)
         a = torch.bmm(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), vc).reshape(1, self.n_q)
         h = h + a @ L["o"]
@@ -108,6 +130,9 @@ def build(torch, work, layers):
         return m, m.H
     if work in ("engine-small", "engine-small-b"):  # -b: a second graph of the same shape (its own weights)
         return Engine(torch, H=1024, q_heads=8, kv_heads=2, inter=2048, layers=layers), 1024
+    if work in ("engine-1040", "engine-1040-mm"):
+        return Engine(torch, H=1024, q_heads=8, kv_heads=2, inter=2048, layers=layers, split_kv=True,
+                      extra_mm=work.endswith("-mm")), 1024
     qw = build.cache.get("qwen14b")
     weights = qw.layers if qw is not None else None
     return Engine(torch, H=5120, q_heads=40, kv_heads=8, inter=17408, layers=layers, weights=weights), 5120
@@ -127,6 +152,8 @@ def register_caches(work, m):
     probe = WriteProbe()
     if work in ("light", "qwen14b"):  # kv_decode: one key and one value cache a layer, 16-row pages
         caches = [c for kv in zip(m.kcache, m.vcache) for c in kv]
+    elif m.split_kv:  # Engine with separate K and V caches
+        caches = [L[c] for L in m.layers for c in ("kcache", "vcache")]
     else:  # Engine: one [1024, K|V] cache a layer
         caches = [L["cache"] for L in m.layers]
     for i, c in enumerate(caches):

@@ -23,26 +23,25 @@ static __device__ __forceinline__ unsigned int kv_smid() {
 
 // The replay tag of a learned graph node: its exec's tag cell, written on the launch stream before the replay (L2
 // loads: the host's copies bypass this SM's L1). `fallback` (userdata's tag) when the node is not in the table or
-// the cell is 0.
-static __device__ __forceinline__ unsigned long long kv_node_tag(const kvconv_dev_state* st, unsigned long long gid,
+// the cell is 0. `tm` is the state's (table, table_mask) pair and `cells` its cell array, loaded by the caller in one
+// go with the rest of the state: every load here is one L2 round trip the block waits for before the kernel body
+// runs, so the chain is kept to the entry (one 16-byte load: key and cell together) and the cell.
+static __device__ __forceinline__ unsigned long long kv_node_tag(ulonglong2 tm, unsigned long long cells,
+                                                                 unsigned long long gid,
                                                                  unsigned long long fallback) {
 #ifdef KVCONV_PATCH_NOLOOKUP  // cost measurement only (bench/gpu_tracer_cost.py --variant): the tag from userdata
   return fallback;
 #endif
-  const unsigned long long table = __ldcg(&st->table);
-  if (!table) return fallback;
-  const kvconv_node_entry* t = reinterpret_cast<const kvconv_node_entry*>(table);
-  const unsigned long long mask = __ldcg(&st->table_mask);
+  if (!tm.x) return fallback;
+  const ulonglong2* t = reinterpret_cast<const ulonglong2*>(tm.x);  // kvconv_node_entry: {gridid, cell}
   for (unsigned int i = 0; i < KVCONV_TABLE_PROBES; ++i) {
-    const kvconv_node_entry* e = t + ((gid + i) & mask);
-    const unsigned long long k = __ldcg(&e->gridid);
-    if (k == gid) {
-      const unsigned long long v = __ldcg(reinterpret_cast<const unsigned long long*>(__ldcg(&st->cells)) +
-                                          __ldcg(&e->cell));
+    const ulonglong2 e = __ldcg(t + ((gid + i) & tm.y));
+    if (e.x == gid) {
+      const unsigned long long v = __ldcg(reinterpret_cast<const unsigned long long*>(cells) + e.y);
       if (v & KVCONV_CELL_OFF) return KVCONV_TAG_OFF;
       return v ? (v & KVCONV_TAG_MASK) : fallback;
     }
-    if (k == 0) break;
+    if (e.x == 0) break;
   }
   return fallback;
 }
@@ -60,19 +59,23 @@ static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata,
   const unsigned int slot = static_cast<unsigned int>(u >> KVCONV_SLOT_SHIFT);
   // The tag first: a replay outside the capture range records nothing (KVCONV_TAG_OFF), not even a drop.
   const unsigned long long gid = kv_gridid();
-  const unsigned long long tag = kv_node_tag(st, gid, u & KVCONV_TAG_MASK);
+  // The state's fields in three independent 16-byte loads, issued together (kvconv_dev_state's layout:
+  // {events, capacity} at 0, {table, table_mask} at 32, {cells, writes} at 48; static_asserts in tracer_shared.h).
+  const ulonglong2* sv = reinterpret_cast<const ulonglong2*>(st);
+  const ulonglong2 ec = __ldcg(sv + 0), tm = __ldcg(sv + 2), cw = __ldcg(sv + 3);
+  const unsigned long long tag = kv_node_tag(tm, cw.x, gid, u & KVCONV_TAG_MASK);
   if (tag == KVCONV_TAG_OFF) return SANITIZER_PATCH_SUCCESS;
   const unsigned long long seq = atomicAdd(&st->next, 1ull);
   // The timer right after the sequence number: events in sequence order then differ in time by no more than the
   // atomic's latency (validate's timer-backwards tolerance). Read after the node-table lookup it lagged by up to
   // ~400 ns on the H200 and sequence order no longer followed time.
   const unsigned long long now = kv_globaltimer();
-  if (seq >= st->capacity) {
+  if (seq >= ec.y) {
     atomicAdd(&st->drops, 1ull);
     if (tag) atomicAdd(&st->drops_graph, 1ull);  // graph nodes carry a replay tag; eager launches tag 0
     return SANITIZER_PATCH_SUCCESS;
   }
-  kvconv_device_event_t* ev = reinterpret_cast<kvconv_device_event_t*>(st->events) + seq;
+  kvconv_device_event_t* ev = reinterpret_cast<kvconv_device_event_t*>(ec.x) + seq;
   kvconv_device_event_t e;
   e.globaltimer = now;
   e.pc = pc;

@@ -14,6 +14,7 @@
 // key gridid, slot (gridid + i) & table_mask for i < KVCONV_TABLE_PROBES, an empty slot (gridid 0) ends the search.
 // A table hit whose cell holds 0 (not written yet, or the exec is being relearned) falls back to userdata's tag.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVCONV_TAG_BITS 20
@@ -35,6 +36,14 @@ struct kvconv_dev_state {
   unsigned long long drops_graph;  // of `drops`, the blocks of graph nodes (a replay tag): eager = drops - drops_graph
 };
 
+// The patch reads the state as 16-byte pairs (patch.cu kv_record): these fields must stay where they are.
+static_assert(offsetof(kvconv_dev_state, events) == 0 && offsetof(kvconv_dev_state, capacity) == 8,
+              "patch.cu loads {events, capacity} as one 16-byte pair");
+static_assert(offsetof(kvconv_dev_state, table) == 32 && offsetof(kvconv_dev_state, table_mask) == 40,
+              "patch.cu loads {table, table_mask} as one 16-byte pair");
+static_assert(offsetof(kvconv_dev_state, cells) == 48 && offsetof(kvconv_dev_state, writes) == 56,
+              "patch.cu loads {cells, writes} as one 16-byte pair");
+
 // A tag cell holding this bit: the exec's replay runs outside the capture range (capture_range.cpp). The patch then
 // records nothing for its target nodes (no event, no slot write), as the host records nothing for them.
 #define KVCONV_CELL_OFF (1ull << 63)
@@ -45,5 +54,6 @@ struct kvconv_node_entry {
   unsigned long long gridid;  // 0: empty slot
   unsigned long long cell;
 };
+static_assert(sizeof(kvconv_node_entry) == 16, "patch.cu loads an entry as one 16-byte pair");
 
 #define KVCONV_TABLE_PROBES 16
