@@ -78,6 +78,7 @@ static bool init_state(const Ctx* c, const CalibBuffers& b, CUstream s) {
   st.table = c->table_dev;
   st.table_mask = kNodeTableSlots - 1;
   st.cells = c->cells_dev;
+  st.flags = range_configured() ? KVCONV_STATE_RANGED : 0;  // the patch's path of the context's own records
   if (g_drv.memcpyHtoDAsync(b.state, &st, sizeof st, s) != CUDA_SUCCESS) return false;
   return g_drv.streamSynchronize(s) == CUDA_SUCCESS;  // `st` is pageable: the copy is done when this returns
 }

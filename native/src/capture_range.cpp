@@ -175,6 +175,8 @@ void nvtx_range_edge(bool open, const char* name) {
 
 bool capture_by_profiler() { return g_start == Start::kProfiler; }
 
+bool range_configured() { return g_start != Start::kNone; }
+
 bool in_range() { return g_open.load(std::memory_order_relaxed); }
 
 // A target launch (eager or a graph node) about to run: counts it, opens a launches:N range on the N+1st. True when

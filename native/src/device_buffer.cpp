@@ -62,6 +62,7 @@ bool setup_device(Ctx* c) {
   init.table_mask = kNodeTableSlots - 1;
   init.cells = init.table + table_bytes();
   init.writes = writes_setup(c);  // 0 unless KVCONV_WRITES=1 (writes.cpp)
+  init.flags = range_configured() ? KVCONV_STATE_RANGED : 0;  // the patch's order of tag and slot (tracer_shared.h)
   // The event buffer starts zeroed: the flusher reads slots the patch may not have written yet, and only a written
   // slot passes complete() (memory reused from an earlier allocation could otherwise hold a stale event). The node
   // table and the tag cells start empty (gridid 0, tag 0) for the same reason.

@@ -57,19 +57,27 @@ static __device__ __forceinline__ SanitizerPatchResult kv_record(void* userdata,
   const unsigned long long u = reinterpret_cast<unsigned long long>(userdata);
   kvconv_dev_state* st = reinterpret_cast<kvconv_dev_state*>(u & KVCONV_STATE_MASK);
   const unsigned int slot = static_cast<unsigned int>(u >> KVCONV_SLOT_SHIFT);
-  // The tag first: a replay outside the capture range records nothing (KVCONV_TAG_OFF), not even a drop.
   const unsigned long long gid = kv_gridid();
-  // The state's fields in three independent 16-byte loads, issued together (kvconv_dev_state's layout:
-  // {events, capacity} at 0, {table, table_mask} at 32, {cells, writes} at 48; static_asserts in tracer_shared.h).
+  // The state's fields in four independent 16-byte loads, issued together (kvconv_dev_state's layout:
+  // {events, capacity} at 0, {table, table_mask} at 32, {cells, writes} at 48, {drops_graph, flags} at 64;
+  // static_asserts in tracer_shared.h). Every dependent round trip here delays the kernel's own first instruction.
   const ulonglong2* sv = reinterpret_cast<const ulonglong2*>(st);
-  const ulonglong2 ec = __ldcg(sv + 0), tm = __ldcg(sv + 2), cw = __ldcg(sv + 3);
-  const unsigned long long tag = kv_node_tag(tm, cw.x, gid, u & KVCONV_TAG_MASK);
-  if (tag == KVCONV_TAG_OFF) return SANITIZER_PATCH_SUCCESS;
-  const unsigned long long seq = atomicAdd(&st->next, 1ull);
-  // The timer right after the sequence number: events in sequence order then differ in time by no more than the
-  // atomic's latency (validate's timer-backwards tolerance). Read after the node-table lookup it lagged by up to
-  // ~400 ns on the H200 and sequence order no longer followed time.
-  const unsigned long long now = kv_globaltimer();
+  const ulonglong2 ec = __ldcg(sv + 0), tm = __ldcg(sv + 2), cw = __ldcg(sv + 3), fl = __ldcg(sv + 4);
+  unsigned long long seq, now, tag;
+  if (!(fl.y & KVCONV_STATE_RANGED)) {
+    // No capture range: no replay is skipped, so the slot is taken while the tag lookup is in flight.
+    seq = atomicAdd(&st->next, 1ull);
+    // The timer right after the sequence number: events in sequence order then differ in time by no more than the
+    // atomic's latency (validate's timer-backwards tolerance).
+    now = kv_globaltimer();
+    tag = kv_node_tag(tm, cw.x, gid, u & KVCONV_TAG_MASK);
+  } else {
+    // The tag first: a replay outside the capture range records nothing (KVCONV_TAG_OFF), not even a drop.
+    tag = kv_node_tag(tm, cw.x, gid, u & KVCONV_TAG_MASK);
+    if (tag == KVCONV_TAG_OFF) return SANITIZER_PATCH_SUCCESS;
+    seq = atomicAdd(&st->next, 1ull);
+    now = kv_globaltimer();
+  }
   if (seq >= ec.y) {
     atomicAdd(&st->drops, 1ull);
     if (tag) atomicAdd(&st->drops_graph, 1ull);  // graph nodes carry a replay tag; eager launches tag 0

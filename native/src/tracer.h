@@ -288,6 +288,7 @@ void write_all(const char* reason);
 bool load_capture_range();  // false: a bad KVCONV_CAPTURE_RANGE(_END) (tracing off)
 bool capture_by_profiler();
 bool in_range();
+bool range_configured();  // KVCONV_CAPTURE_RANGE is not none: replays may be skipped (the device state says so)
 bool range_admit(bool graph_node, uint64_t blocks);    // a target launch: recorded?
 bool range_admit_replay(uint64_t nodes, uint64_t blocks);  // a learned exec's replay: recorded?
 void range_on_profiler(bool start);

@@ -34,7 +34,13 @@ struct kvconv_dev_state {
   unsigned long long cells;     // device address of the graph execs' tag cells (unsigned long long each)
   unsigned long long writes;    // device address of kvconv_writes_state (writes_shared.h); 0: write recording off
   unsigned long long drops_graph;  // of `drops`, the blocks of graph nodes (a replay tag): eager = drops - drops_graph
+  unsigned long long flags;        // KVCONV_STATE_*: set once, before the first patched launch
 };
+
+// A capture range is configured (KVCONV_CAPTURE_RANGE): a tag cell may say KVCONV_CELL_OFF, so the patch must read
+// the tag before it takes a slot. Without it no replay is ever skipped, and the patch takes its slot while the tag
+// lookup is still in flight (one dependent memory round trip less before the record's store).
+#define KVCONV_STATE_RANGED 1ull
 
 // The patch reads the state as 16-byte pairs (patch.cu kv_record): these fields must stay where they are.
 static_assert(offsetof(kvconv_dev_state, events) == 0 && offsetof(kvconv_dev_state, capacity) == 8,
@@ -43,6 +49,8 @@ static_assert(offsetof(kvconv_dev_state, table) == 32 && offsetof(kvconv_dev_sta
               "patch.cu loads {table, table_mask} as one 16-byte pair");
 static_assert(offsetof(kvconv_dev_state, cells) == 48 && offsetof(kvconv_dev_state, writes) == 56,
               "patch.cu loads {cells, writes} as one 16-byte pair");
+static_assert(offsetof(kvconv_dev_state, flags) == 72, "patch.cu loads {drops_graph, flags} as one 16-byte pair");
+static_assert(sizeof(kvconv_dev_state) <= KVCONV_EVENTS_OFFSET, "the state must end before the events");
 
 // A tag cell holding this bit: the exec's replay runs outside the capture range (capture_range.cpp). The patch then
 // records nothing for its target nodes (no event, no slot write), as the host records nothing for them.
