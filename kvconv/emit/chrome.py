@@ -27,7 +27,7 @@ from kvconv.emit import _text as t
 from kvconv.emit._canary import CanarySteps
 from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
 from kvconv.emit._first_pass import flow_id
-from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES, SLICE
+from kvconv.emit._stream import EAGER, GRAPH_NODE, RELEASE_BYTES
 from kvconv.emit._writer import BackgroundWriter
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
@@ -41,7 +41,7 @@ from kvconv.progress import human_size
 EST_EVENT_BYTES = 250
 BLOCK_EXIT = layout.ENUMS["event_kind"]["block_exit"]
 EXIT_SUFFIX = " (block exit)"  # the name of a block-exit event: its kernel's, with this
-LINES = SLICE  # device events rendered at a time
+LINES = 1 << 14  # device events rendered at a time (SLICE once; 1 << 16 gained nothing and holds 4x the lines)
 WRITE_AHEAD = 8 << 20  # bytes rendered ahead of the writer (32 MiB: as much again in the peak, for no speed)
 
 
