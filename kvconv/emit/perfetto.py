@@ -255,8 +255,7 @@ class _Packets:
         elif flows is None:
             fids, cnt = np.zeros((n, 0), np.uint64), agg.flows.counts(rows)
         else:
-            fd, cnt = flows.of_rows(rows)
-            fids = flow_id(c, np.maximum(fd, 0))
+            fids, cnt = flows.ids_of_rows(rows, int(flow_id(c, 0)))
         ann = lambda i, v, present=None: w.msg(4, [w.const(bytes([0x08, i])), w.varint(3, v)], present)  # noqa: E731
         te = [
             ann(1, h.launch_id[rows], isg),
