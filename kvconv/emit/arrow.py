@@ -33,6 +33,7 @@ from kvconv._workers import worker
 from kvconv.emit._arrays import array
 from kvconv.emit._contexts import emit_run
 from kvconv.emit._stream import GRAPH_NODE, RELEASE_BYTES, SLICE
+from kvconv.emit._writer import RESERVE_FROM, release_reserve, reserve
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import layout
 from kvconv.format.dump import release_pages
@@ -153,23 +154,11 @@ class _Sink:
             _release_reserve(self.path)
 
 
-# Files of at least this many bytes (the device_event table: the events' columns) have their blocks reserved before
-# the first write: ext4 then writes into allocated extents instead of allocating as it goes (the page-cache copy of
-# 68 MiB in 512 KiB writes: 19-20 ms -> 14-15 ms on the development machine)
-RESERVE_FROM = 16 << 20
-_FALLOC_FL_KEEP_SIZE = 1
 
 
 def _reserve(path: Path, nbytes: int) -> bool:
-    """Create ``path`` empty with ``nbytes`` of disk reserved past its end (Linux fallocate, FALLOC_FL_KEEP_SIZE:
-    its size stays 0); False where that cannot be done (another system, a file system without it): the file is
-    then written as any other."""
-    from kvconv.memory import _glibc
-
-    fallocate = _glibc("fallocate")
-    if fallocate is None:
-        return False
-    import ctypes
+    """Create ``path`` empty with ``nbytes`` of disk reserved past its end (its size stays 0); False where that
+    cannot be done: the file is then written as any other."""
     import os
 
     try:
@@ -177,8 +166,7 @@ def _reserve(path: Path, nbytes: int) -> bool:
     except OSError:
         return False
     try:
-        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-        return fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, int(nbytes)) == 0
+        return reserve(fd, nbytes)
     finally:
         os.close(fd)
 
@@ -189,7 +177,7 @@ def _release_reserve(path: Path) -> None:
 
     fd = os.open(str(path), os.O_WRONLY)
     try:
-        os.ftruncate(fd, os.fstat(fd).st_size)
+        release_reserve(fd)
     finally:
         os.close(fd)
 
