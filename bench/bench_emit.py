@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import resource
@@ -386,7 +387,8 @@ def arrow_floor(src: Path, RA: int, scratch: Path) -> None:
     def write_all():
         rm(root)
         root.mkdir()
-        s = A._Sink(pa, root, root / "t" / "part.arrow", schema, EmitOptions(), expect=nbytes + (1 << 20))
+        kw = {"expect": nbytes + (1 << 20)} if "expect" in inspect.signature(A._Sink).parameters else {}  # (--tree)
+        s = A._Sink(pa, root, root / "t" / "part.arrow", schema, EmitOptions(), **kw)
         for _ in range(n // B):
             s.write(cols)
         s.close()
