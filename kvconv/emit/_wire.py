@@ -100,11 +100,12 @@ def const(b: bytes) -> Leaf:
     return Leaf("c", b"", b)
 
 
-def varint(field: int, values, present=None) -> Leaf:
+def varint(field: int, values, present=None, bounds: tuple | None = None) -> Leaf:
+    """``bounds``: (min, max) of the values, or of a superset of them, when the caller knows them (not read again)."""
     if np.isscalar(values) or isinstance(values, int):
         return Leaf("c", b"", tag(field, 0) + varint_bytes(int(values))) if present is None else \
             Leaf("v", tag(field, 0), np.full(len(present), int(values), U64), present)
-    return Leaf("v", tag(field, 0), np.asarray(values).astype(U64, copy=False), present)
+    return Leaf("v", tag(field, 0), np.asarray(values).astype(U64, copy=False), present, bounds=bounds)
 
 
 def fixed64(field: int, values, present=None) -> Leaf:

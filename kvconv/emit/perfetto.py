@@ -137,12 +137,22 @@ class _Packets:
         slots = self.agg.slots
         hi = int(max(slots.max() if len(slots) else 0, h.kernel_slot.max() if h.n else 0)) + 1
         self.slot_lut = None
+        self.slot_shift = None  # every kept slot's iid is slot + this: no lookup per event
+        self.iid_bounds = None  # (min, max) of the kept slots' iids
         if hi <= (1 << 22):  # kernel slot -> device name iid (dense lookup table)
             self.slot_lut = np.zeros(hi, np.uint64)
             for s in slots.tolist():
                 self.slot_lut[s] = self.dev_names(c.kernel_name(s))
+            if len(slots):
+                ids = self.slot_lut[slots].astype(np.int64)
+                self.iid_bounds = (int(ids.min()), int(ids.max()))
+                d = ids - slots.astype(np.int64)
+                if bool(np.all(d == d[0])):
+                    self.slot_shift = int(d[0])
         else:
             self.slot_map = {s: self.dev_names(c.kernel_name(s)) for s in slots.tolist()}
+        used = np.flatnonzero(self.agg.sm_count)
+        self.sm_bounds = (int(used.min()), int(used.max())) if len(used) else None  # the kept events' SMs
         # per distinct name its iid; per row only the plan's index of its name (looked up a batch at a time)
         self.node_iids = np.array([self.dev_names(n) for n in pl.node_names] or [0], np.uint64)
         self.replay_name_iid = np.array([self.dev_names(n) for n in pl.replay_names], np.uint64)
@@ -379,17 +389,26 @@ class _Packets:
     def _device_slice(self, recs, di, nflow: int, has, pair=None) -> list:
         c = self.c
         slot = recs["kernel_slot"]
-        if self.slot_lut is not None:
+        if self.slot_shift is not None:  # (kept events' slots are the first pass's: agg.slots)
+            iid = slot.astype(np.int64)
+            iid += self.slot_shift
+            iid = iid.view(np.uint64)
+        elif self.slot_lut is not None:
             iid = self.slot_lut[slot]
         else:
             iid = np.array([self.slot_map[int(s)] for s in slot], np.uint64)
+        iid_bounds = self.iid_bounds  # of the kept events (the first pass's slots and SMs): none read again
+        track_bounds = None
+        if pair is None and self.sm_bounds is not None:
+            track_bounds = (self.u.sm(self.sm_bounds[0]), self.u.sm(self.sm_bounds[1]))
         track = self._block_track(recs, pair)
         typ = w.const(bytes([0x48, T_INSTANT])) if pair is None else \
             w.varint(9, np.where(pair >= 0, T_BEGIN, T_INSTANT).astype(np.uint64))
         te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])])]
         if self.writes is not None:
             iid = self._write_fields(recs, iid, te)
-        te += [typ, w.varint(10, iid), w.varint(11, track)]
+            iid_bounds = None  # flagged blocks renamed
+        te += [typ, w.varint(10, iid, bounds=iid_bounds), w.varint(11, track, bounds=track_bounds)]
         if nflow:
             te.append(w.fixed64(48, flow_id(c, di), present=has))
         pk = [w.varint(8, recs["globaltimer"]), w.varint(10, self.dev_seq), w.msg(11, te),
