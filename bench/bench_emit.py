@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import resource
@@ -352,6 +353,53 @@ def bench_arrow(src: Path, RA: int, opts, scratch: Path) -> None:
               f"+ join {tmg['join'] * 1e3:.0f} ms (join {res.join[0]}); end to end {size / tm / 1e9:.2f} GB/s "
               f"({tm:.3f} s [{tmw:.3f}], {res.bytes_written / 2**20:.1f} MiB written)")
         rm(o)
+    arrow_floor(src, RA, scratch)
+
+
+def arrow_floor(src: Path, RA: int, scratch: Path) -> None:
+    """Where the record tables' floor is on this machine: the device_event table's two halves alone, one thread
+    each, best of ``RA``: the column copy (the records' fields out of the structs, kvconv.emit.arrow.Deinterleave, a
+    batch at a time) and the IPC write of the columns (one batch's columns written as many times as the dump has
+    batches, into a fresh file reserved as the emitter reserves it). The record tables run the two at once on two
+    cores (memory bandwidth shared), beside the small tables."""
+    import pyarrow as pa
+
+    from kvconv.emit import arrow as A
+    from kvconv.format import layout
+
+    dt = layout.DTYPES["device_event"]
+    with dump.open(src) as d:
+        recs = d.records("device_event")
+        n, B = len(recs), A.BATCH
+        deint = A.Deinterleave(dt, B)
+
+        def copy_all():
+            for s in range(0, n, B):
+                deint(recs[s : s + B])
+
+        tc = best(RA, copy_all)[0]
+        cols = {k: np.array(v) for k, v in deint(recs[:B]).items()}
+    cols["context_id"] = np.zeros(B, np.uint32)
+    schema = A._schema(pa, dt, [], {})
+    nbytes = sum(v.nbytes for v in cols.values()) * (n // B)
+    root = scratch / "floor"
+
+    def write_all():
+        rm(root)
+        root.mkdir()
+        kw = {"expect": nbytes + (1 << 20)} if "expect" in inspect.signature(A._Sink).parameters else {}  # (--tree)
+        s = A._Sink(pa, root, root / "t" / "part.arrow", schema, EmitOptions(), **kw)
+        for _ in range(n // B):
+            s.write(cols)
+        s.close()
+
+    tw = best(RA, write_all)[0]
+    rm(root)
+    size = src.stat().st_size
+    print(f"arrow floor, one thread each (best of {RA}): the events' column copy {tc * 1e3:.0f} ms "
+          f"({size / tc / 1e9:.2f} GB/s of dump input); the IPC write of their columns {tw * 1e3:.0f} ms "
+          f"({nbytes / 2**20:.0f} MiB, {nbytes / tw / 1e9:.2f} GB/s); alone, the slower of the two is "
+          f"{size / max(tc, tw) / 1e9:.2f} GB/s of dump input, both on one core {size / (tc + tw) / 1e9:.2f} GB/s")
 
 
 def rss(a, scratch: Path) -> None:

@@ -38,7 +38,10 @@ def pair_trace(tmp_path_factory):
 # the vectorised encoders against the reference encoders
 
 
-def test_wire_equals_protobuf_serializer():
+@pytest.mark.parametrize("K", [3, 16])
+def test_wire_equals_protobuf_serializer(K):
+    """K 3: every length prefix has one size (the layout from the fields' bounds); K 16: the track event's length
+    prefix takes one byte or two (its inner length straddles 128: the rows' lengths are added up)."""
     rng = np.random.default_rng(7)
     n = 3000
     ts = rng.integers(0, 2**63, n, dtype=np.uint64) >> rng.integers(0, 63, n).astype(np.uint64)
@@ -47,11 +50,11 @@ def test_wire_equals_protobuf_serializer():
     bx = rng.integers(0, 70000, n).astype(np.uint64)
     flow = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
     has = rng.random(n) < 0.5
-    k = rng.integers(0, 4, n)
-    fl2 = rng.integers(0, 2**64 - 1, (n, 3), dtype=np.uint64)
+    k = rng.integers(0, K + 1, n)
+    fl2 = rng.integers(0, 2**64 - 1, (n, K), dtype=np.uint64)
     te = [_wire.msg(4, [_wire.const(b"\x08\x01"), _wire.varint(3, bx)], present=rng.random(n) < 0.7),
           _wire.const(b"\x48\x03"), _wire.varint(10, iid), _wire.varint(11, uuid),
-          _wire.rfixed64(47, fl2, np.minimum(k, 3)), _wire.fixed64(48, flow, present=has)]
+          _wire.rfixed64(47, fl2, np.minimum(k, K)), _wire.fixed64(48, flow, present=has)]
     ann_present = te[0].present
     pk = [_wire.varint(8, ts), _wire.const(b"\x50\x05"), _wire.msg(11, te), _wire.const(b"\x68\x02")]
     data, order = _wire.encode([_wire.msg(1, pk)], n)
@@ -67,7 +70,7 @@ def test_wire_equals_protobuf_serializer():
             a = e.debug_annotations.add()
             a.name_iid, a.uint_value = 1, int(bx[i])
         e.type, e.name_iid, e.track_uuid = 3, int(iid[i]), int(uuid[i])
-        e.flow_ids.extend(int(x) for x in fl2[i, : min(k[i], 3)])
+        e.flow_ids.extend(int(x) for x in fl2[i, : min(k[i], K)])
         if has[i]:
             e.terminating_flow_ids.append(int(flow[i]))
     assert data == ref.SerializeToString()

@@ -123,6 +123,23 @@ class Flows:
                 dev[j, : b - a] = self.xdev[a:b]
         return dev, cnt
 
+    def ids_of_rows(self, rows: np.ndarray, high: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(flow ids (len(rows), K) u8, flow ends per row)`` of some host rows: ``high`` OR-ed with each flow end's
+        device index (:func:`kvconv.emit._first_pass.flow_id`), made in one pass; a row's entries past its count are
+        left undefined (not -1 as :meth:`of_rows` pads: every reader stops at the count)."""
+        K = self.K
+        cnt = self.counts(rows)
+        f = self.first[rows]
+        ids = np.empty((len(rows), K), np.uint64)
+        # device indices stay below 2**40 (flow_id's layout), so high | (first + k) == (high | first) + k
+        np.add((f.astype(np.uint64) | np.uint64(high))[:, None], np.arange(K, dtype=np.uint64)[None, :], out=ids)
+        x = np.flatnonzero(f == XROW)
+        if len(x):
+            i = np.searchsorted(self.xrows, rows[x])
+            for j, a, b in zip(x.tolist(), self.xptr[i].tolist(), self.xptr[i + 1].tolist()):
+                ids[j, : b - a] = self.xdev[a:b].astype(np.uint64) | np.uint64(high)
+        return ids, cnt
+
     def mask(self, first: int, n: int) -> np.ndarray | None:
         """Which events of the chunk ``first .. first+n`` end a flow (None: none)."""
         if not len(self.starts):

@@ -34,7 +34,11 @@ from kvconv.memory import release_heap
 
 __all__ = ["Ctx", "EAGER", "GRAPH_NODE", "SLICE", "RELEASE_BYTES"]
 
-SLICE = 1 << 14  # device events processed at a time (records and temporaries stay in cache)
+# device events processed at a time: 65,536 (4 MiB of records; their temporaries stay in the heap, kvconv.memory)
+# against 16,384 took write_perfetto of the bench's 1M-event dump 199 -> 186 ms of CPU (median of 11 alternating
+# runs in one process, 2-core AMD EPYC, 512 KiB L2 a core, 32 MiB L3): the per-slice Python costs more than the
+# cache misses (docs/BENCH.md, issue 42)
+SLICE = 1 << 16
 PAGE = mmap.PAGESIZE
 
 

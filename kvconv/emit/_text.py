@@ -29,6 +29,7 @@ class Part:
     value: object = None
     choices: list | None = None
     pad: bool = False  # uint: right-aligned in the width of the largest, leading spaces (JSON whitespace)
+    bounds: tuple | None = None  # uint / ts: (min, max) of ``value``, once read (render_parts)
 
 
 def lit(s: str | bytes) -> Part:
@@ -52,9 +53,9 @@ def choice(ids, strings: list[bytes]) -> Part:
     return Part("choice", np.asarray(ids, np.int64), [s if isinstance(s, bytes) else s.encode() for s in strings])
 
 
-def _ndigits(v: np.ndarray) -> np.ndarray:
+def _ndigits(v: np.ndarray, vmax: int | None = None) -> np.ndarray:
     nd = np.ones(v.shape, np.int64)
-    top = len(str(int(v.max()))) if v.size else 1
+    top = len(str(int(v.max() if vmax is None else vmax))) if v.size else 1
     for k in range(1, top):
         nd += v >= np.uint64(_P10[k])
     return nd
@@ -142,12 +143,14 @@ def _lut_max(n: int) -> int:
     return min(n // 4, 1 << 16)
 
 
-def _number(v: np.ndarray, D: int, at: int, out: list, n: int, pad: bool = False) -> bytes:
+def _number(v: np.ndarray, D: int, at: int, out: list, n: int, pad: bool = False,
+            bounds: tuple | None = None) -> bytes:
     """The bytes of a ``D``-digit number column at byte ``at`` for the row template (digits where they are the same
     in every row, zeros elsewhere), adding the pieces of the others to ``out``. Columns of few distinct values are
     rendered once per value and gathered; 8-digit blocks equal in every row go into the template. ``pad``: values
-    of fewer digits get leading spaces (always a range of few values: :func:`render_parts`)."""
-    lo, hi = int(v.min()), int(v.max())
+    of fewer digits get leading spaces (always a range of few values: :func:`render_parts`). ``bounds``: the
+    values' (min, max), when known."""
+    lo, hi = bounds if bounds is not None else (int(v.min()), int(v.max()))
     if lo == hi:
         return str(lo).rjust(D if pad else 0).encode()
     if pad or hi - lo <= _lut_max(n):
@@ -232,12 +235,14 @@ def _template(parts: list, n: int, idx) -> tuple[bytearray, list]:
             tmpl += _choice(p, p.value if idx is None else p.value[idx], len(tmpl), pieces)
         else:
             v = p.value if idx is None else p.value[idx]
+            b = p.bounds if idx is None else None  # every row's: the part's own
             if p.kind == "uint":
-                D = len(str(int(v.max()))) if p.pad else len(str(int(v[0])))
-                tmpl += _number(v, D, len(tmpl), pieces, n, p.pad)
+                D = len(str(int(v.max() if b is None else b[1]))) if p.pad else len(str(int(v[0])))
+                tmpl += _number(v, D, len(tmpl), pieces, n, p.pad, b)
             else:
                 q = v // _U64(1000)
-                tmpl += _number(q, len(str(int(q[0]))), len(tmpl), pieces, n)
+                tmpl += _number(q, len(str(int(q[0]))), len(tmpl), pieces, n,
+                                bounds=(b[0] // 1000, b[1] // 1000) if b is not None else None)
                 tmpl += b"."
                 tmpl += _number(v - q * _U64(1000), 3, len(tmpl), pieces, n).rjust(3, b"0")
     return tmpl, pieces
@@ -318,16 +323,19 @@ def _digit_key(p: Part, n: int):
     """(radix, per-row digit count) of a number part whose rows differ in digit count, else None; "pad": the rows
     of a uint part of few values that differ in digit count are not grouped but padded with leading spaces (JSON
     whitespace: grouping them gathered every other part's values, the most of a block event line's time)."""
-    v = p.value if p.kind == "uint" else p.value // np.uint64(1000)
-    if not v.size:
+    if not p.value.size:
         return None
-    vlo, vhi = int(v.min()), int(v.max())
+    if p.bounds is None:
+        p.bounds = (int(p.value.min()), int(p.value.max()))
+    vlo, vhi = p.bounds
+    if p.kind == "ts":  # the digits before the point: floor division keeps the order, so the bounds' quotients
+        vlo, vhi = vlo // 1000, vhi // 1000
     lo, hi = len(str(vlo)), len(str(vhi))
     if lo == hi:
         return None
     if p.kind == "uint" and vhi - vlo <= _lut_max(n):
         return "pad"
-    return hi + 1, _ndigits(v)
+    return hi + 1, _ndigits(p.value if p.kind == "uint" else p.value // np.uint64(1000), vhi)
 
 
 def render_parts(parts: list, n: int) -> list:
@@ -355,7 +363,7 @@ def render_parts(parts: list, n: int) -> list:
         elif p.kind in ("uint", "ts"):
             k = _digit_key(p, n)
             if k == "pad":
-                parts[i] = Part(p.kind, p.value, p.choices, pad=True)
+                parts[i] = Part(p.kind, p.value, p.choices, pad=True, bounds=p.bounds)
             elif k is not None:
                 comps.append(k)
     if not comps:

@@ -67,6 +67,14 @@ def _const_varint_len(v: np.ndarray) -> int | None:
     return a if a == b else None
 
 
+def _value_bounds(f: Leaf) -> tuple[int, int]:
+    """(min, max) of a varint leaf's values, read once and kept on the leaf (:func:`_enc_varint` asks again)."""
+    if f.bounds is None:
+        v = f.value
+        f.bounds = (int(v.min()), int(v.max())) if v.size else (0, 0)
+    return f.bounds
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # field specs
 
@@ -78,6 +86,7 @@ class Leaf:
     value: object = None  # bytes for "c"; scalar or (n,) array for "v"/"f64"; (n, K) array for "rf64"
     present: np.ndarray | None = None  # bool mask (None: always present)
     count: np.ndarray | None = None  # rf64: values used per row
+    bounds: tuple | None = None  # "v": (min, max) of the values, once read (every row's, whichever rows are encoded)
 
 
 @dataclass
@@ -91,11 +100,12 @@ def const(b: bytes) -> Leaf:
     return Leaf("c", b"", b)
 
 
-def varint(field: int, values, present=None) -> Leaf:
+def varint(field: int, values, present=None, bounds: tuple | None = None) -> Leaf:
+    """``bounds``: (min, max) of the values, or of a superset of them, when the caller knows them (not read again)."""
     if np.isscalar(values) or isinstance(values, int):
         return Leaf("c", b"", tag(field, 0) + varint_bytes(int(values))) if present is None else \
             Leaf("v", tag(field, 0), np.full(len(present), int(values), U64), present)
-    return Leaf("v", tag(field, 0), np.asarray(values).astype(U64, copy=False), present)
+    return Leaf("v", tag(field, 0), np.asarray(values).astype(U64, copy=False), present, bounds=bounds)
 
 
 def fixed64(field: int, values, present=None) -> Leaf:
@@ -120,7 +130,11 @@ def _leaf_len(f: Leaf, n: int):
     if f.kind == "c":
         ln = len(f.value)
     elif f.kind == "v":
-        c = _const_varint_len(f.value)
+        if f.value.size == 0:
+            c = 1
+        else:
+            lo, hi = _value_bounds(f)
+            c = varint_size(lo) if varint_size(lo) == varint_size(hi) else None
         ln = len(f.tag) + c if c is not None else len(f.tag) + varint_len(f.value)
     elif f.kind == "f64":
         ln = len(f.tag) + 8
@@ -151,6 +165,55 @@ def _msg_len(m: Msg, n: int, varying: list):
                 varying.append(np.asarray(ln))
         total = total + ln
     return total
+
+
+def _bounds(m: Msg) -> tuple[int, int] | None:
+    """(shortest, longest) inner length of message ``m`` over its rows, from its fields' bounds (no per-row
+    arithmetic); None when the length prefix of some message inside it may take two sizes (then the rows' lengths
+    are needed, :func:`_msg_len`)."""
+    lo = hi = 0
+    for ch in m.children:
+        if isinstance(ch, Msg):
+            b = _bounds(ch)
+            if b is None or varint_size(b[0]) != varint_size(b[1]):
+                return None
+            a, z = (len(ch.tag) + varint_size(b[0]) + b[0], len(ch.tag) + varint_size(b[1]) + b[1])
+            present = ch.present
+        else:
+            present = ch.present
+            if ch.kind == "c":
+                a = z = len(ch.value)
+            elif ch.kind == "v":
+                if ch.value.size == 0:
+                    a = z = len(ch.tag) + 1
+                else:
+                    vlo, vhi = _value_bounds(ch)
+                    a, z = len(ch.tag) + varint_size(vlo), len(ch.tag) + varint_size(vhi)
+            elif ch.kind == "f64":
+                a = z = len(ch.tag) + 8
+            else:
+                cnt = ch.count
+                c0, c1 = (int(cnt.min()), int(cnt.max())) if cnt.size else (0, 0)
+                a, z = c0 * (len(ch.tag) + 8), c1 * (len(ch.tag) + 8)
+        if present is not None:
+            a = 0
+        lo, hi = lo + a, hi + z
+    return lo, hi
+
+
+def _collect_varying(m: Msg, n: int, varying: list) -> None:
+    """What :func:`_msg_len` collects in ``varying`` (the same arrays, in the same order), where every length
+    prefix inside ``m`` has one size (:func:`_bounds`): the varying fields' lengths and the optional messages'
+    presence, without the messages' per-row lengths."""
+    for ch in m.children:
+        if isinstance(ch, Msg):
+            _collect_varying(ch, n, varying)
+            if ch.present is not None and not ch.present.all():
+                varying.append(ch.present.astype(np.int64))
+        else:
+            ln = _leaf_len(ch, n)
+            if not np.isscalar(ln) and not isinstance(ln, int):
+                varying.append(np.asarray(ln))
 
 
 def _vlen(x):
@@ -244,8 +307,9 @@ def _spread(v: np.ndarray, L: int) -> np.ndarray:
 _LUT_MAX = 1 << 16
 
 
-def _enc_varint(v: np.ndarray, L: int):
-    """Varint bytes of ``v`` (all of length ``L``) as little-endian words: (bytes 0..7, bytes 8.. or None)."""
+def _enc_varint(v: np.ndarray, L: int, bounds: tuple | None = None):
+    """Varint bytes of ``v`` (all of length ``L``) as little-endian words: (bytes 0..7, bytes 8.. or None).
+    ``bounds``: known (min, max) of the values, or of a superset of them."""
     if L == 1:
         return v, None
     if L == 2:
@@ -257,7 +321,7 @@ def _enc_varint(v: np.ndarray, L: int):
     if L <= 8:
         n = len(v)
         if n >= 4096:
-            lo, hi = int(v.min()), int(v.max())
+            lo, hi = bounds if bounds is not None else (int(v.min()), int(v.max()))
             if hi - lo < min(_LUT_MAX, n // 4):  # few distinct values: encode them once, gather
                 lut = _spread(np.arange(lo, hi + 1, dtype=U64), L)
                 return lut[(v - U64(lo)).astype(np.intp)], None
@@ -297,7 +361,7 @@ def _fill(node, n: int, idx, i0: int) -> np.ndarray:
     for pos, ch, L in ops:
         v = _sel(ch.value, idx)
         if ch.kind == "v":
-            lo, hi = _enc_varint(v, L)
+            lo, hi = _enc_varint(v, L, ch.bounds)
             put(pos, lo, min(L, 8))
             if hi is not None:
                 put(pos + 8, hi, L - 8)
@@ -418,7 +482,11 @@ def _layout_groups(children: list, n: int):
     """Rows grouped by their layout signature (the tuple of varying lengths), in increasing signature order:
     ``(stable row order, group bounds in it)``; None when all rows share one layout."""
     varying: list = []
-    _msg_len(Msg(b"", children), n, varying)
+    top = Msg(b"", children)
+    if _bounds(top) is not None:  # every length prefix has one size: no per-row message lengths to add up
+        _collect_varying(top, n, varying)
+    else:
+        _msg_len(top, n, varying)
     if not varying:
         return None
     # small keys sort by radix

@@ -33,6 +33,7 @@ from kvconv._workers import worker
 from kvconv.emit._arrays import array
 from kvconv.emit._contexts import emit_run
 from kvconv.emit._stream import GRAPH_NODE, RELEASE_BYTES, SLICE
+from kvconv.emit._writer import RESERVE_FROM, release_reserve, reserve
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.format import layout
 from kvconv.format.dump import release_pages
@@ -115,11 +116,14 @@ def _schema(pa, dtype: np.dtype, extra: list, meta: dict):
 
 
 class _Sink:
-    def __init__(self, pa, root: Path, path: Path, schema, options: EmitOptions) -> None:
+    def __init__(self, pa, root: Path, path: Path, schema, options: EmitOptions, *, expect: int = 0) -> None:
+        """``expect``: about the bytes the file will take (0: not known), reserved on the disk before the first
+        write (:func:`_reserve`)."""
         # the folders below root, one at a time: a root removed meanwhile (a signal's cleanup) is not made again
         for d in reversed(path.relative_to(root).parents[:-1]):
             (root / d).mkdir(exist_ok=True)
         self.pa, self.schema, self.path = pa, schema, path
+        self.reserved = False
         if options.arrow_format == "parquet":
             import pyarrow.parquet as pq
 
@@ -128,7 +132,10 @@ class _Sink:
             self.pq = True
         else:
             opts = pa.ipc.IpcWriteOptions(compression=options.compression)
-            self.w = pa.ipc.new_file(str(path), schema, options=opts)
+            self.reserved = expect >= RESERVE_FROM and _reserve(path, expect)
+            # a reserved file is appended to (its size is 0: the reservation keeps it), not truncated
+            self.w = pa.ipc.new_file(pa.OSFile(str(path), mode="a") if self.reserved else str(path), schema,
+                                     options=opts)
             self.pq = False
 
     def write(self, cols: dict) -> None:
@@ -143,6 +150,36 @@ class _Sink:
 
     def close(self) -> None:
         self.w.close()
+        if self.reserved:
+            _release_reserve(self.path)
+
+
+
+
+def _reserve(path: Path, nbytes: int) -> bool:
+    """Create ``path`` empty with ``nbytes`` of disk reserved past its end (its size stays 0); False where that
+    cannot be done: the file is then written as any other."""
+    import os
+
+    try:
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        return False
+    try:
+        return reserve(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _release_reserve(path: Path) -> None:
+    """Give back the reserved blocks the file did not fill (those past its end)."""
+    import os
+
+    fd = os.open(str(path), os.O_WRONLY)
+    try:
+        release_reserve(fd)
+    finally:
+        os.close(fd)
 
 
 def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
@@ -213,14 +250,14 @@ def _sinks(pa, c, root: Path, ext: str, options: EmitOptions, res: EmitResult):
         "kvconv.join": c.join,
     }
 
-    def sink(table: str, dtype: np.dtype | None, extra=(), fields=None) -> _Sink:
+    def sink(table: str, dtype: np.dtype | None, extra=(), fields=None, expect: int = 0) -> _Sink:
         meta = {**base_meta, "kvconv.table": table}
         if fields is not None:
             schema = pa.schema([pa.field("context_id", pa.uint32())] + list(fields), metadata=meta)
         else:
             schema = _schema(pa, dtype, list(extra), meta)
         path = root / table / f"run={c.run}" / f"device={c.device_id}" / f"part-ctx{ctx}.{ext}"
-        return _Sink(pa, root, path, schema, options)
+        return _Sink(pa, root, path, schema, options, expect=expect)
 
     return sink
 
@@ -362,7 +399,10 @@ def _device_table(c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
     chunk source may drop the pages it yielded. Parquet keeps chunk-sized row groups."""
     dt = layout.DTYPES["device_event"]
     rows = options.chunk if options.arrow_format == "parquet" else min(BATCH, options.chunk)
-    s = sink("device_event", dt)
+    # uncompressed IPC: the columns (the records' fields and context_id), a few KiB of metadata a batch
+    expect = c.n_events * (sum(dt.fields[k][0].itemsize for k in dt.names) + 4) + (c.n_events // rows + 2) * 4096 \
+        if options.compression is None else 0
+    s = sink("device_event", dt, expect=expect)
     ctxcol = np.full(rows, c.context_id, np.uint32)
     deis = (Deinterleave(dt, rows), Deinterleave(dt, rows))
     copier = worker("columns")

@@ -31,7 +31,7 @@ from kvconv.emit._canary import CanarySteps
 from kvconv.emit._contexts import Plans, emit_run, first_passes, release_join
 from kvconv.emit._first_pass import flow_id
 from kvconv.emit._stream import GRAPH_NODE, SLICE
-from kvconv.emit._writer import BackgroundWriter
+from kvconv.emit._writer import RESERVE_FROM, BackgroundWriter, release_reserve, reserve
 from kvconv.emit._writes import FLAGGED, STATUS_TEXT, BlockWrites
 from kvconv.emit.options import EmitOptions, EmitResult
 from kvconv.emit.plan import SPAN, Plan
@@ -48,7 +48,10 @@ DEV_ANN = ("block_x", "replay", "blocks")
 WRITE_ANN = ("cache", "page", "offset", "slot", "request", "slot_owner", "write", "step", "writes")
 HOST_ANN = ("replay", "node", "grid_id", "blocks_predicted", "blocks_recorded", "host_index", "stream")
 EST_EVENT_BYTES = 40
-HOST_BATCH = 1 << 18  # host records x flows encoded at a time (up to 65,536 records: all at once)
+HOST_BATCH = 1 << 18  # host records x flows encoded at a time (up to HOST_WHOLE records: all at once)
+# host records encoded at once, without the batches' layout pass: 131,072 on a dump read whole (the bench's 65,537:
+# 30 -> 24 ms of CPU, the same bytes), 65,536 past RELEASE_BYTES (the slow tier's bounds on allocations)
+HOST_WHOLE, HOST_WHOLE_LARGE = 1 << 17, 1 << 16
 
 
 def trace_clock_anchor() -> bytes:
@@ -134,12 +137,22 @@ class _Packets:
         slots = self.agg.slots
         hi = int(max(slots.max() if len(slots) else 0, h.kernel_slot.max() if h.n else 0)) + 1
         self.slot_lut = None
+        self.slot_shift = None  # every kept slot's iid is slot + this: no lookup per event
+        self.iid_bounds = None  # (min, max) of the kept slots' iids
         if hi <= (1 << 22):  # kernel slot -> device name iid (dense lookup table)
             self.slot_lut = np.zeros(hi, np.uint64)
             for s in slots.tolist():
                 self.slot_lut[s] = self.dev_names(c.kernel_name(s))
+            if len(slots):
+                ids = self.slot_lut[slots].astype(np.int64)
+                self.iid_bounds = (int(ids.min()), int(ids.max()))
+                d = ids - slots.astype(np.int64)
+                if bool(np.all(d == d[0])):
+                    self.slot_shift = int(d[0])
         else:
             self.slot_map = {s: self.dev_names(c.kernel_name(s)) for s in slots.tolist()}
+        used = np.flatnonzero(self.agg.sm_count)
+        self.sm_bounds = (int(used.min()), int(used.max())) if len(used) else None  # the kept events' SMs
         # per distinct name its iid; per row only the plan's index of its name (looked up a batch at a time)
         self.node_iids = np.array([self.dev_names(n) for n in pl.node_names] or [0], np.uint64)
         self.replay_name_iid = np.array([self.dev_names(n) for n in pl.replay_names], np.uint64)
@@ -241,7 +254,8 @@ class _Packets:
         flow ids and bytes are held."""
         rows, flows = self.host_rows, self.agg.flows
         yield from w.encode_batched(lambda i, full: self._host_fields(rows[i], flows if full else None), len(rows),
-                                    max(1, min(1 << 16, HOST_BATCH // max(1, self.opt.flows))), whole=1 << 16)
+                                    max(1, min(1 << 16, HOST_BATCH // max(1, self.opt.flows))),
+                                    whole=HOST_WHOLE_LARGE if self.c.release else HOST_WHOLE)
 
     def _host_fields(self, rows: np.ndarray, flows) -> list:
         """The fields of the host records ``rows`` (``flows`` None: flow ids left out, only their count)."""
@@ -255,8 +269,7 @@ class _Packets:
         elif flows is None:
             fids, cnt = np.zeros((n, 0), np.uint64), agg.flows.counts(rows)
         else:
-            fd, cnt = flows.of_rows(rows)
-            fids = flow_id(c, np.maximum(fd, 0))
+            fids, cnt = flows.ids_of_rows(rows, int(flow_id(c, 0)))
         ann = lambda i, v, present=None: w.msg(4, [w.const(bytes([0x08, i])), w.varint(3, v)], present)  # noqa: E731
         te = [
             ann(1, h.launch_id[rows], isg),
@@ -376,17 +389,26 @@ class _Packets:
     def _device_slice(self, recs, di, nflow: int, has, pair=None) -> list:
         c = self.c
         slot = recs["kernel_slot"]
-        if self.slot_lut is not None:
+        if self.slot_shift is not None:  # (kept events' slots are the first pass's: agg.slots)
+            iid = slot.astype(np.int64)
+            iid += self.slot_shift
+            iid = iid.view(np.uint64)
+        elif self.slot_lut is not None:
             iid = self.slot_lut[slot]
         else:
             iid = np.array([self.slot_map[int(s)] for s in slot], np.uint64)
+        iid_bounds = self.iid_bounds  # of the kept events (the first pass's slots and SMs): none read again
+        track_bounds = None
+        if pair is None and self.sm_bounds is not None:
+            track_bounds = (self.u.sm(self.sm_bounds[0]), self.u.sm(self.sm_bounds[1]))
         track = self._block_track(recs, pair)
         typ = w.const(bytes([0x48, T_INSTANT])) if pair is None else \
             w.varint(9, np.where(pair >= 0, T_BEGIN, T_INSTANT).astype(np.uint64))
         te = [w.msg(4, [w.const(b"\x08\x01"), w.varint(3, recs["block_x"])])]
         if self.writes is not None:
             iid = self._write_fields(recs, iid, te)
-        te += [typ, w.varint(10, iid), w.varint(11, track)]
+            iid_bounds = None  # flagged blocks renamed
+        te += [typ, w.varint(10, iid, bounds=iid_bounds), w.varint(11, track, bounds=track_bounds)]
         if nflow:
             te.append(w.fixed64(48, flow_id(c, di), present=has))
         pk = [w.varint(8, recs["globaltimer"]), w.varint(10, self.dev_seq), w.msg(11, te),
@@ -479,6 +501,9 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
         # the whole file back when it is closed, which the close then waits on
         with atomic_output(out, inputs=paths, kind="perfetto", force=options.force) as tmp, open(tmp, "r+b") as raw, \
                 BackgroundWriter(raw) as f:
+            # the file's blocks reserved before the first write, about its size (the estimate runs
+            # 0.9-1.0 of it): the writer thread's page-cache copy costs less (kvconv.emit._writer.reserve)
+            reserved = est >= RESERVE_FROM and reserve(raw.fileno(), est + est // 8)
             f.write(trace_clock_anchor())
             for pl in plans:
                 for b in pl.descriptors():
@@ -514,5 +539,8 @@ def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=Non
                 pl = None
             f.close()  # all written: the size, which stdout (-o -) cannot be asked for afterwards
             res.bytes_written = raw.tell()
+            if reserved:  # what the trace did not fill goes back
+                raw.flush()
+                release_reserve(raw.fileno())
     return res
 

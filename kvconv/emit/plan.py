@@ -89,10 +89,15 @@ def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     lane = np.zeros(n, np.int64)
     if n <= 1:
         return lane
-    order = np.lexsort((end, start))
-    s, e = start[order], end[order]
+    if bool(np.all(start[1:] > start[:-1])):  # already in start order (no ties): lexsort's order is the identity
+        order, s, e = None, start, end
+    else:
+        order = np.lexsort((end, start))
+        s, e = start[order], end[order]
     if bool(np.all(s[1:] > np.maximum.accumulate(e)[:-1])):
         return lane
+    if order is None:
+        order = np.arange(n)
     lane[order] = place_lanes(s, e, [], [], 0)[0]
     return lane
 
@@ -106,11 +111,24 @@ def _pairs_by_exec(ex: np.ndarray, v: np.ndarray, n_exec: int) -> tuple[np.ndarr
     firsts, base = [], 0
     for _, sel in rows_by_value(ex, np.arange(n_exec)):
         if len(sel):
-            _, f, i = np.unique(v[sel], return_index=True, return_inverse=True)
-            inv[sel] = base + i.reshape(-1)
+            f, i = _unique_first(v[sel])
+            inv[sel] = base + i
             firsts.append(sel[f])
             base += len(f)
     return (np.concatenate(firsts) if firsts else np.zeros(0, np.int64)), inv
+
+
+def _unique_first(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(v, return_index=True, return_inverse=True)[1:]``: the first occurrence of each distinct value, in
+    value order, and each element's value rank; without a sort where ``v`` is already non-decreasing (replay ids,
+    in launch order)."""
+    if len(v) and bool(np.all(v[1:] >= v[:-1])):
+        new = np.empty(len(v), bool)
+        new[0] = True
+        np.not_equal(v[1:], v[:-1], out=new[1:])
+        return np.flatnonzero(new), np.cumsum(new) - 1
+    _, f, i = np.unique(v, return_index=True, return_inverse=True)
+    return f, i.reshape(-1)
 
 
 def _per_exec_lanes(ex_of: np.ndarray, n_exec: int, st: np.ndarray, en: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -135,7 +153,8 @@ class Plan:
         # graph execs and streams of shown host records
         self.shown = shown = h.shown & agg.kept_hosts
         gn = shown & (h.kind == GRAPH_NODE)
-        self.execs = np.unique(h.graph_exec[gn]).tolist()
+        ge = h.graph_exec[gn]
+        self.execs = ([int(ge[0])] if int(ge.min()) == int(ge.max()) else np.unique(ge).tolist()) if len(ge) else []
         self.exec_ix = {e: j for j, e in enumerate(self.execs)}
         self.streams = np.unique(h.stream[shown & (h.kind == EAGER)]).tolist()
         self.stream_ix = {s: j for j, s in enumerate(self.streams)}

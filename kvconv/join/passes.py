@@ -76,6 +76,15 @@ def kept_rows(t: LaunchTable, count: np.ndarray, keep: Keep) -> np.ndarray:
     return kept
 
 
+def runs_by_kind(first: int, n: int, *, hid: np.ndarray | None, runs: dict | None, xjoin: ExactJoin | None) -> bool:
+    """Whether :func:`chunk_rows` gives the chunk's runs of the exact join (:func:`kvconv.join.runs.event_runs`:
+    runs of one (gridid, tag, kind, flags)), whose first events' kinds are then every event's."""
+    if hid is not None or not n:
+        return False
+    cached = runs.get(first) if runs is not None else None
+    return (cached is not None and cached[0] == n) or xjoin is not None
+
+
 def chunk_rows(first: int, recs: np.ndarray, *, hid: np.ndarray | None, runs: dict | None,
                xjoin: ExactJoin | None) -> tuple[np.ndarray, np.ndarray]:
     """The join of a chunk as runs: ``(starts, host row of each run)`` (-1: unmatched), from reconcile's matches
@@ -219,7 +228,12 @@ class ContextPass:
             yield self._chunk(first_i, recs)
 
     def _chunk(self, first_i: int, recs: np.ndarray) -> Joined:
-        p = self.ld.feed(first_i, recs)
+        starts, rhid = chunk_rows(first_i, recs, hid=self.hid, runs=self.runs, xjoin=self.xj)
+        # runs of one kind each: their first events say whether the chunk is block entries only (no pass over its
+        # kinds for the durations)
+        enters = runs_by_kind(first_i, len(recs), hid=self.hid, runs=self.runs, xjoin=self.xj) \
+            and bool(np.all(recs["kind"][starts] == _BLOCK_ENTER))
+        p = self.ld.feed(first_i, recs, enters_only=enters)
         pairer = self.ld.pairer
         paired = None
         if pairer.pending is not None:
@@ -228,7 +242,6 @@ class ContextPass:
             paired = Paired(pairs=p, smid=recs["smid"][p.exit_index - first_i], waiting=pairer.waiting(),
                             waiting_index=pairer.pending["index"], marks=self.marks)
         end = first_i + len(recs)
-        starts, rhid = chunk_rows(first_i, recs, hid=self.hid, runs=self.runs, xjoin=self.xj)
         dev_index = None
         if self.keep.filtered:
             hid = expand_runs(starts, rhid, len(recs))
