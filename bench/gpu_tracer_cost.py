@@ -337,6 +337,8 @@ def config_env(cfg, args):
         env["KVCONV_KERNELS"] = KERNELS
         env["KVCONV_OUTPUT"] = str(Path(args.dump_dir) / f"cost-{cfg}-%p.kvdump")
         env.update(args.variant[cfg])
+    if "CUDA_INJECTION64_PATH" in env and args.host_capacity:  # every replay's records kept, as an engine sizes them
+        env.setdefault("KVCONV_HOST_CAPACITY", str(args.host_capacity))
     if cfg == "profiler":
         extra.append("--profiler")
     return env, extra
@@ -458,6 +460,9 @@ def main() -> int:
     ap.add_argument("--before-lib", default=None)
     ap.add_argument("--before-patch", default=None, help="KVCONV_PATCH_FILE for the before library")
     ap.add_argument("--dump-dir", default="/tmp")
+    ap.add_argument("--host-capacity", type=int, default=0,
+                    help="KVCONV_HOST_CAPACITY for the traced configs (0: the tracer's default, 65,536 records a "
+                         "table, which the default run overflows: later replays then skip their host records)")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--profiler", action="store_true")
     ap.add_argument("--count-kernels", action="store_true")

@@ -25,6 +25,8 @@ CASES = [  # (script, committed JSON, its key holding the script's table input (
      "write-patch-2026-12-01/lease-5.log"),  # docs/TRACER.md's table of the write patch
     ("gpu_tracer_cost", "node-time-2026-12-02/cost-lease23.json", "table",
      "node-time-2026-12-02/cost-lease23.log"),  # docs/TRACER.md's last table of a traced node's time
+    ("gpu_tracer_cost", "tracer-1040-2026-12-05/lease-a.json", "table",
+     "tracer-1040-2026-12-05/lease-a.log"),  # docs/TRACER.md's issue 42 table (the 1,040-node shape)
 ]
 
 

@@ -5,16 +5,17 @@
 #   [PARTS="tracer value"] bash native/scripts/gpu_cost42.sh OUTDIR [ROUNDS] [ITERS]
 # PARTS: tracer (the tracer's cost, ~7 min), value (bench/value_digest_cost.py's shipped paths, item 4).
 # Carry .devcarry/k42 (bash native/scripts/gpu_cost42.sh --stage builds it here: the tracer, its fatbins, the
-# sanitizer runtime, the cost variants noop.fatbin and nolookup.fatbin, and prev.fatbin = the patch before this change
-# when PREV_PATCH names one). Writes OUTDIR/log.txt, OUTDIR/cost.json (rewritten after each round), OUTDIR/patched.txt.
+# sanitizer runtime, the cost variants noop.fatbin and nolookup-lean.fatbin, and prev.fatbin / nolookup.fatbin = the
+# patch before this change and its lookup-less build, when PREV_PATCH / PREV_NOLOOKUP name them). Writes OUTDIR/log.txt, OUTDIR/cost.json (rewritten after each round), OUTDIR/patched.txt.
 set -u
 K=.devcarry/k42
 if [ "${1:-}" = --stage ]; then  # here, before the call: what the call carries (~22 MiB)
   rm -rf $K && mkdir -p $K/build && B=native/build
   cp $B/kvconv_patch.fatbin $B/kvconv_clocksync.fatbin $B/kvconv_calib_cupti $B/lib{sanitizer,Tree,Interceptor}*.so $K/build/
   strip --strip-unneeded -o $K/build/libkvconv_tracer.so $B/libkvconv_tracer.so
-  cp $B/cost/noop.fatbin $B/cost/nolookup.fatbin $K/
+  cp $B/cost/noop.fatbin $K/ && cp $B/cost/nolookup.fatbin $K/nolookup-lean.fatbin
   [ -n "${PREV_PATCH:-}" ] && cp "$PREV_PATCH" $K/prev.fatbin
+  [ -n "${PREV_NOLOOKUP:-}" ] && cp "$PREV_NOLOOKUP" $K/nolookup.fatbin
   du -sh $K; exit 0
 fi
 O=${1:?usage: gpu_cost42.sh OUTDIR [ROUNDS] [ITERS]}; ROUNDS=${2:-2}; ITERS=${3:-200}
@@ -30,6 +31,16 @@ main() {
   echo "== $(date +%T) done"; uptime
 }
 tracer() {
+  echo "== $(date +%T) the patch's two paths on kv_decode.py (280 graph-node executions, 40 eager launches)"
+  mkdir -p /tmp/fix && local r
+  for r in none graph; do
+    CUDA_INJECTION64_PATH=$LIB KVCONV_OUTPUT=/tmp/fix/single-range-$r.kvdump KVCONV_CAPTURE_RANGE=$r \
+      timeout -k 5 90 python3 native/workloads/kv_decode.py --streams 1 > /tmp/fix/$r.out 2>&1; echo "range $r: rc=$?"
+    grep kvconv-tracer /tmp/fix/$r.out | tail -2
+    timeout 60 python3 native/workloads/check_dump.py /tmp/fix/single-range-$r.kvdump --expect-graph 280 \
+      --expect-eager $([ $r = none ] && echo 40 || echo 0) | cut -c1-1500
+  done
+  tar -czf "$O"/fix.tgz -C /tmp/fix single-range-none.kvdump single-range-graph.kvdump none.out graph.out
   echo "== $(date +%T) which functions of the patched module are loaded and launched (KVCONV_VERBOSE=2)"
   CUDA_INJECTION64_PATH=$LIB KVCONV_KERNELS=index_copy_kernel_impl KVCONV_OUTPUT=/tmp/v2-%p.kvdump KVCONV_VERBOSE=2 \
     timeout -k 5 120 python3 bench/gpu_tracer_cost.py --inner --works engine-1040 --iters 5 --warmup 1 --modes idle \
@@ -38,12 +49,12 @@ tracer() {
     | sort -rn | cut -c1-400 > "$O"/patched.txt; head -30 "$O"/patched.txt; grep -c . /tmp/v2.err
   echo "== $(date +%T) bench: $ROUNDS rounds, $ITERS replays"
   V=(--variant "cb-launch=KVCONV_KERNELS=kvconv_no_such_kernel,KVCONV_GRAPH_CALLBACKS=0"
-     --variant "empty=KVCONV_PATCH_FILE=$PWD/$K/noop.fatbin" --variant "nolookup=KVCONV_PATCH_FILE=$PWD/$K/nolookup.fatbin"
-     --variant "nocb=KVCONV_GRAPH_CALLBACKS=0")
-  [ -f $K/prev.fatbin ] && V+=(--variant "prev=KVCONV_PATCH_FILE=$PWD/$K/prev.fatbin")
+     --variant "empty=KVCONV_PATCH_FILE=$PWD/$K/noop.fatbin" --variant "nocb=KVCONV_GRAPH_CALLBACKS=0")
+  local f; for f in nolookup nolookup-lean prev; do
+    [ -f $K/$f.fatbin ] && V+=(--variant "$f=KVCONV_PATCH_FILE=$PWD/$K/$f.fatbin"); done
   timeout -k 5 "${BT:-520}" python3 bench/gpu_tracer_cost.py --works engine-1040 engine-1040-mm --rounds "$ROUNDS" \
     --iters "$ITERS" --configs untraced floor after-nopatch after profiler "${V[@]}" --lib "$LIB" --timeout 90 \
-    --out "$O"/cost.json ${BW:-}
+    --host-capacity "${HOSTCAP:-0}" --out "$O"/cost.json ${BW:-}
   echo "== $(date +%T) bench exit $?"
 }
 value() {
