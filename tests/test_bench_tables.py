@@ -27,6 +27,8 @@ CASES = [  # (script, committed JSON, its key holding the script's table input (
      "node-time-2026-12-02/cost-lease23.log"),  # docs/TRACER.md's last table of a traced node's time
     ("gpu_tracer_cost", "tracer-1040-2026-12-05/lease-a.json", "table",
      "tracer-1040-2026-12-05/lease-a.log"),  # docs/TRACER.md's issue 42 table (the 1,040-node shape)
+    ("gpu_tracer_cost", "tracer-1040-2026-12-05/lease-b.json", "table",
+     "tracer-1040-2026-12-05/lease-b.log"),  # the same on a second machine
 ]
 
 
