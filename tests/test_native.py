@@ -369,6 +369,26 @@ def test_live_file_valid_after_death_at_every_step(live_test, tmp_path):
 
 
 @needs_gxx
+def test_live_file_holds_what_was_published_not_the_reservation(live_test, tmp_path):
+    """Issue 49: a live dump reserving the default 2 GiB device buffer, killed after 2,559 events, was a 2 GiB
+    file. The last group's reservation is not on disk: the file grows as records are published."""
+    path = tmp_path / "big.kvdump"
+    r = subprocess.run([str(live_test), "big", "2560", str(path)], capture_output=True, text=True)
+    assert r.returncode == -9 and r.stdout.split() == ["published", "2559"], (r.returncode, r.stdout, r.stderr)
+    st = path.stat()
+    assert st.st_size < 16 << 20, st.st_size  # 6 MiB of host-row reservation + what was published + one chunk
+    assert st.st_blocks * 512 < 4 << 20, st.st_blocks
+    got = _live_prefix(path)
+    assert got[(0, "device_event")] == (2559, 0) and got[(0, "graph_node")] == (853, 0)
+    from kvconv.capture.seal import seal
+
+    assert seal(str(path)) == "sealed"  # record's sealing reads it as before: the same records, finished
+    d = dump.scan(path)
+    assert not any(g.live for g in d.groups) and len(d.records("device_event")) == 2559, [p.line() for p in d.problems]
+    d.close()
+
+
+@needs_gxx
 @pytest.mark.parametrize("delay", [0.02, 0.1, 0.3])
 def test_live_file_valid_after_sigkill_from_outside(live_test, tmp_path, delay):
     import signal

@@ -46,21 +46,30 @@ static void reserve_live(Ctx* c) {
     g.clock_domain = clock;
     return g;
   };
+  // The device events last: the last group's reservation is not on disk, the file grows as events are published
+  // (live_file.h), so a live dump is the size of what it holds, not of the 2 GiB default buffer (issue 49).
+  std::vector<kvconv::GroupSpec> specs = {
+      spec(KVCONV_KIND_STRINGS, 1, kStringsCap, KVCONV_CLOCK_DOMAIN_NONE),
+      spec(KVCONV_KIND_KERNEL, sizeof(kvconv_kernel_t), kKernelCap, KVCONV_CLOCK_DOMAIN_NONE),
+      spec(KVCONV_KIND_CLOCK_SYNC, sizeof(kvconv_clock_sync_t), kSyncCap, KVCONV_CLOCK_DOMAIN_NONE),
+      spec(KVCONV_KIND_GRAPH_NODE, sizeof(kvconv_host_launch_t), g_cfg.host_cap, KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC),
+      spec(KVCONV_KIND_EAGER_LAUNCH, sizeof(kvconv_host_launch_t), g_cfg.host_cap, KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC)};
+  const std::vector<kvconv::GroupSpec> writes = writes_live_specs(spec(0, 0, 0, KVCONV_CLOCK_DOMAIN_NONE));
+  specs.insert(specs.end(), writes.begin(), writes.end());
+  specs.push_back(
+      spec(KVCONV_KIND_DEVICE_EVENT, sizeof(kvconv_device_event_t), g_cfg.dev_cap, KVCONV_CLOCK_DOMAIN_GPU_GLOBALTIMER));
   std::vector<kvconv::LiveGroup> gs;
-  const bool ok = f->add_groups(
-      {spec(KVCONV_KIND_STRINGS, 1, kStringsCap, KVCONV_CLOCK_DOMAIN_NONE),
-       spec(KVCONV_KIND_KERNEL, sizeof(kvconv_kernel_t), kKernelCap, KVCONV_CLOCK_DOMAIN_NONE),
-       spec(KVCONV_KIND_CLOCK_SYNC, sizeof(kvconv_clock_sync_t), kSyncCap, KVCONV_CLOCK_DOMAIN_NONE),
-       spec(KVCONV_KIND_DEVICE_EVENT, sizeof(kvconv_device_event_t), g_cfg.dev_cap, KVCONV_CLOCK_DOMAIN_GPU_GLOBALTIMER),
-       spec(KVCONV_KIND_GRAPH_NODE, sizeof(kvconv_host_launch_t), g_cfg.host_cap, KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC),
-       spec(KVCONV_KIND_EAGER_LAUNCH, sizeof(kvconv_host_launch_t), g_cfg.host_cap,
-            KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC)},
-      &gs);
-  if (!ok) {
+  if (!f->add_groups(specs, &gs)) {
     logf(0, "error: %s; context %u is not kept on disk while running", f->error().c_str(), c->index);
     return;
   }
-  c->live = {gs[0], gs[1], gs[2], gs[3], gs[4], gs[5]};
+  c->live.strings = gs[0];
+  c->live.kernel = gs[1];
+  c->live.clock_sync = gs[2];
+  c->live.graph_node = gs[3];
+  c->live.eager_launch = gs[4];
+  c->live.device_event = gs.back();
+  writes_live_bind(c, std::vector<kvconv::LiveGroup>(gs.begin() + 5, gs.end() - 1));
 }
 
 Ctx* get_ctx(CUcontext c, int device) {

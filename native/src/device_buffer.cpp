@@ -106,12 +106,10 @@ static bool flusher_init(Ctx* c) {
   return f.ok;
 }
 
-// n events from slot `from` into the staging memory (context pushed). The driver's async copy first; if it refuses
+// `bytes` from device address `src` into the staging memory (context pushed). The driver's async copy first; if it refuses
 // the sanitizer's allocation as a source, the sanitizer's own copy on the same stream.
-static bool copy_to_stage(Ctx* c, uint64_t from, uint64_t n) {
+static bool copy_bytes_to_stage(Ctx* c, uint64_t src, size_t bytes) {
   Flusher& f = c->fl;
-  const uint64_t src = c->dev_events_addr + from * sizeof(kvconv_device_event_t);
-  const size_t bytes = n * sizeof(kvconv_device_event_t);
   if (!f.via_sanitizer) {
     CUresult r = g_drv.memcpyDtoHAsync(f.stage, static_cast<CUdeviceptr>(src), bytes, f.stream);
     if (r == CUDA_SUCCESS) r = g_drv.streamSynchronize(f.stream);
@@ -128,6 +126,11 @@ static bool copy_to_stage(Ctx* c, uint64_t from, uint64_t n) {
          SAN(sanitizerStreamSynchronize(f.san_stream));
 }
 
+static bool copy_to_stage(Ctx* c, uint64_t from, uint64_t n) {
+  return copy_bytes_to_stage(c, c->dev_events_addr + from * sizeof(kvconv_device_event_t),
+                             n * sizeof(kvconv_device_event_t));
+}
+
 // Staged events [from, from + n) -> the file: the complete prefix (while kernels run, only what was already complete
 // one copy earlier: the four stores of an event still being written are then surely all landed). flush_mu held.
 static uint64_t publish_staged(Ctx* c, uint64_t from, uint64_t n, bool settled) {
@@ -140,7 +143,7 @@ static uint64_t publish_staged(Ctx* c, uint64_t from, uint64_t n, bool settled) 
     upto = std::min(upto, std::max(c->fl.seen_end, from));
     c->fl.seen_end = from + k;
   }
-  if (upto <= from) return 0;
+  if (upto <= from || !g.backed(upto)) return 0;  // the file grows before the records land (live_file.h)
   std::memcpy(g.at(from), c->fl.stage, (upto - from) * sizeof(kvconv_device_event_t));
   if (!g.advance(from, upto)) return 0;
   g.sub_drops(upto - from);
@@ -198,8 +201,39 @@ void populate_ahead(Ctx* c) {
 }
 
 void count_launched_blocks(Ctx* c, uint64_t blocks) {
-  if (!c->state_dev || !c->live.device_event.valid()) return;
+  if (!c->state_dev) return;
+  // the slot writes of these blocks are not in the file until the flusher's next copy of the write table
+  if (c->live.slot_write.valid()) c->live.slot_write.add_drops(blocks);
+  if (!c->live.device_event.valid()) return;
   c->live.device_event.add_drops(blocks * ((g_cfg.enter ? 1 : 0) + (g_cfg.exit ? 1 : 0)));
+}
+
+bool begin_copy(Ctx* c) {
+  std::lock_guard<std::mutex> lk(c->flush_mu);
+  if (c->finished || !c->state_dev || c->dev_unreadable.load()) return false;
+  c->copying = true;  // finish_device waits for the copy to end before it takes over
+  return true;
+}
+
+void end_copy(Ctx* c) {
+  std::lock_guard<std::mutex> lk(c->flush_mu);
+  c->copying = false;
+  c->flush_cv.notify_all();
+}
+
+// Through the flusher's staging memory, in pieces of its size (its own stream: never ordered with the program).
+bool flusher_copy(Ctx* c, void* dst, uint64_t src, size_t bytes) {
+  if (!g_drv.ok || g_drv.ctxPush(c->ctx) != CUDA_SUCCESS) return false;
+  bool ok = c->fl.tried ? c->fl.ok : flusher_init(c);
+  const size_t piece = c->fl.stage_cap * sizeof(kvconv_device_event_t);
+  for (size_t done = 0; ok && done < bytes; done += piece) {
+    const size_t n = std::min(piece, bytes - done);
+    ok = copy_bytes_to_stage(c, src + done, n);
+    if (ok) std::memcpy(static_cast<char*>(dst) + done, c->fl.stage, n);
+  }
+  CUcontext popped;
+  g_drv.ctxPop(&popped);
+  return ok;
 }
 
 // The final copy (sanitizer copy on the NULL stream: valid inside a callback and at exit): events [count, reserved)

@@ -53,6 +53,7 @@ std::string live_metadata_json() {
   j.kv("written_at", "live");
   write_settings(j);
   write_capture(j, true);
+  writes_metadata(j, true);  // --writes asked (writes.cpp)
   j.key("live").begin_object().kv("flush_ms", g_cfg.flush_ms).end_object();
   j.end_object();
   return j.str();
@@ -115,6 +116,7 @@ static void write_counters(kvconv::JsonWriter& j, const Totals& t) {
   // contexts whose device state could not be read at the end (a sticky CUDA error): their device_event drop count
   // is the launched blocks not in the file, an upper bound, not an exact count
   if (t.unreadable) j.kv("device_state_unreadable", t.unreadable);
+  writes_counters(j);  // writes_* with --writes (writes.cpp)
   j.end_object();
 }
 
@@ -150,6 +152,7 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   j.kv("written_at", reason);
   write_settings(j);
   write_capture(j, false);
+  writes_metadata(j, false);  // --writes asked; recorded, or why not (writes.cpp)
   write_counters(j, totals(cs));
   // the kernels of every loaded module (bounded: patching.cpp), for a pattern that matched nothing
   const LoadedKernels lk = loaded_kernels();

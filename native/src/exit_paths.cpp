@@ -54,6 +54,7 @@ static void flush_thread_main() {
     for (auto* c : cs) {
       while (flush_events(c, crash) && crash) {  // a crash: everything complete, in as many copies as it takes
       }
+      writes_flush(c, crash);  // the write table into the file once the context is quiet (writes.cpp)
       if (!crash) populate_ahead(c);
     }
     if (crash) g_crash_done.store(asked);

@@ -1,5 +1,6 @@
 #include "live_file.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -38,10 +39,17 @@ void LiveGroup::sub_drops(uint64_t n) {
 #define MADV_POPULATE_WRITE 23
 #endif
 
+bool LiveGroup::backed(uint64_t n) const {
+  if (!h_) return false;
+  n = n < capacity() ? n : capacity();
+  return !f_ || f_->grow_to(off_ + n * record_size());
+}
+
 bool LiveGroup::populate(uint64_t from, uint64_t to) const {
   if (!h_) return false;
   to = to < capacity() ? to : capacity();
   if (from >= to) return true;
+  if (!backed(to)) return false;  // pages past the end of the file cannot be populated
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t a = reinterpret_cast<uintptr_t>(at(from)) / page * page;
   const uintptr_t b = reinterpret_cast<uintptr_t>(at(to));
@@ -50,7 +58,7 @@ bool LiveGroup::populate(uint64_t from, uint64_t to) const {
 
 bool LiveGroup::put(const void* recs, uint64_t n) {
   const uint64_t c = count();
-  if (c + n > capacity()) {
+  if (c + n > capacity() || !backed(c + n)) {
     add_drops(n);
     return false;
   }
@@ -69,7 +77,7 @@ bool LiveGroup::append_marked(const void* rec, uint32_t marker_off, uint64_t* ne
   step();
   add_drops(1);  // possibly lost until published (a row being written when the process dies)
   step();
-  if (i >= capacity()) return false;  // full: stays counted as a drop
+  if (i >= capacity() || !backed(i + 1)) return false;  // full: stays counted as a drop
   uint8_t* row = at(i);
   uint32_t marker;
   std::memcpy(&marker, static_cast<const uint8_t*>(rec) + marker_off, sizeof marker);
@@ -145,13 +153,32 @@ bool LiveFile::create(const std::string& path, const std::string& metadata_json)
     ::unlink(tmp.c_str());
     return false;
   }
-  size_ = sizeof h + padded(n);
+  size_ = disk_ = sizeof h + padded(n);
+  return true;
+}
+
+// Growth steps: at least kGrowMin bytes, or an eighth of the file (few ftruncate calls for a large table).
+static const uint64_t kGrowMin = 1 << 20;
+
+bool LiveFile::grow_to(uint64_t end) {
+  if (end <= disk_size()) return true;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (end <= disk_) return true;
+  if (fd_ < 0 || end > size_) return false;
+  uint64_t to = std::max(end, disk_ + std::max(kGrowMin, disk_ / 8));
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  to = std::min(size_, (to + page - 1) / page * page);
+  if (::ftruncate(fd_, static_cast<off_t>(to)) != 0) {  // a sparse hole of zeros until written
+    error_ = "cannot extend " + path_ + ": " + std::strerror(errno);
+    return false;
+  }
+  __atomic_store_n(&disk_, to, __ATOMIC_RELEASE);
   return true;
 }
 
 bool LiveFile::add_groups(const std::vector<GroupSpec>& specs, std::vector<LiveGroup>* out) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (fd_ < 0) return false;
+  if (fd_ < 0 || specs.empty()) return false;
   const uint64_t start = size_;
   std::vector<uint64_t> offs;
   uint64_t pos = start;
@@ -165,10 +192,10 @@ bool LiveFile::add_groups(const std::vector<GroupSpec>& specs, std::vector<LiveG
     offs.push_back(pos);
     pos += sizeof h + padded(g.capacity * g.record_size);
   }
-  if (::ftruncate(fd_, static_cast<off_t>(pos)) != 0) {  // the last reservation: a sparse hole of zeros
-    error_ = "cannot extend " + path_ + ": " + std::strerror(errno);
-    return false;
-  }
+  // The headers are on disk (each pwrite extended the file); the last group's payload is not: it grows as records
+  // are written (grow_to). Until then the group reserves space past the end of the file, which readers accept for
+  // a live group (nothing is published there).
+  __atomic_store_n(&disk_, std::max(disk_, offs.back() + sizeof(kvconv_header_t)), __ATOMIC_RELEASE);
   step();
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t base = start / page * page;
@@ -182,7 +209,8 @@ bool LiveFile::add_groups(const std::vector<GroupSpec>& specs, std::vector<LiveG
   size_ = pos;
   uint8_t* b = static_cast<uint8_t*>(m) - base;
   for (uint64_t off : offs)
-    out->push_back(LiveGroup(reinterpret_cast<kvconv_header_t*>(b + off), b + off + KVCONV_HEADER_SIZE));
+    out->push_back(LiveGroup(reinterpret_cast<kvconv_header_t*>(b + off), b + off + KVCONV_HEADER_SIZE, this,
+                             off + KVCONV_HEADER_SIZE));
   return true;
 }
 

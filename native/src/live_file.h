@@ -4,7 +4,9 @@
 //
 // Layout (schemas/layouts.json, header flag `live`): the file starts with a finished metadata group; every further
 // group is *live*: its header is written once, before the file grows past it, and reserves `capacity` records of
-// payload (the next group follows that reservation; unwritten space is a sparse hole of zeros). While the process
+// payload (the next group follows that reservation; unwritten space is a sparse hole of zeros). The last group's
+// reservation is not on disk: the file grows (ftruncate, in chunks) just before records are written there, so a
+// live file holds what was published plus one chunk, not the reservation (a 2 GiB device buffer was a 2 GiB file). While the process
 // runs only two header fields change, each with one aligned 8-byte store into a MAP_SHARED mapping of the file:
 //   record_count  records published (complete; written before the count moves past them)
 //   drop_count    records possibly lost: overflow, rows being written, device events not yet copied out
@@ -22,6 +24,8 @@
 
 namespace kvconv {
 
+class LiveFile;
+
 kvconv_header_t make_live_header(const GroupSpec& g);
 
 // Fault-injection point for the host-only test (tests/live_test.cpp kills itself at step k to check the file after
@@ -32,7 +36,8 @@ extern void (*g_live_step)();  // record_count, drop_count, payload_crc32 = 0
 class LiveGroup {
  public:
   LiveGroup() = default;
-  LiveGroup(kvconv_header_t* h, uint8_t* payload) : h_(h), p_(payload) {}
+  LiveGroup(kvconv_header_t* h, uint8_t* payload, LiveFile* f = nullptr, uint64_t off = 0)
+      : h_(h), p_(payload), f_(f), off_(off) {}
   bool valid() const { return h_ != nullptr; }
   uint64_t capacity() const { return h_ ? h_->capacity : 0; }
   uint32_t record_size() const { return h_->record_size; }
@@ -48,6 +53,10 @@ class LiveGroup {
   void sub_drops(uint64_t n);  // saturating at 0
   void set_drops(uint64_t n) { __atomic_store_n(&h_->drop_count, n, __ATOMIC_RELEASE); }
 
+  // Records [0, n) (clamped to the capacity) are on disk: the file grown if they lie past its end (the last
+  // group). Call before writing records there; a write past the end of the file would be SIGBUS. False if the file
+  // cannot grow.
+  bool backed(uint64_t n) const;
   // Page in records [from, to) (clamped to the capacity) for writing, without changing a byte
   // (MADV_POPULATE_WRITE, Linux 5.14+): a later write there takes no page fault (~3.5 us each in a Firecracker VM,
   // one per 42 host rows). Safe beside concurrent writers. False if the kernel cannot.
@@ -63,6 +72,8 @@ class LiveGroup {
   void publish_marked(uint32_t marker_off);
   kvconv_header_t* h_ = nullptr;
   uint8_t* p_ = nullptr;
+  LiveFile* f_ = nullptr;
+  uint64_t off_ = 0;  // file offset of the payload
 };
 
 class LiveFile {
@@ -81,11 +92,15 @@ class LiveFile {
   const std::string& path() const { return path_; }
   const std::string& error() const { return error_; }
   bool ok() const { return fd_ >= 0; }
+  // The file holds at least `end` bytes (grown in chunks, never past the reservations). False if it cannot grow.
+  bool grow_to(uint64_t end);
+  uint64_t disk_size() const { return __atomic_load_n(&disk_, __ATOMIC_ACQUIRE); }
 
  private:
   std::mutex mu_;
   int fd_ = -1;
-  uint64_t size_ = 0;
+  uint64_t size_ = 0;  // end of the last reservation
+  uint64_t disk_ = 0;  // length of the file (<= size_): what is on disk
   std::string path_, error_;
   std::vector<std::pair<void*, size_t>> maps_;
 };

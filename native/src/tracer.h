@@ -152,6 +152,8 @@ struct Flusher {
 // A context's groups in the live dump file, in the order of the finished dump.
 struct LiveGroups {
   kvconv::LiveGroup strings, kernel, clock_sync, device_event, graph_node, eager_launch;
+  // the write-address canary's (writes.cpp; valid with KVCONV_WRITES=1; write_step and slot_map in one context)
+  kvconv::LiveGroup cache, slot_write, write_step, slot_map;
 };
 
 struct Ctx {
@@ -239,6 +241,11 @@ bool setup_device(Ctx* c);  // c->mu held, inside a sanitizer callback
 uint64_t flush_events(Ctx* c, bool settled);
 void populate_ahead(Ctx* c);  // flusher thread: page in the file ahead of each table's end (no faults on append)
 void count_launched_blocks(Ctx* c, uint64_t blocks);
+// The flusher's copies of other device memory (writes.cpp): begin_copy/end_copy bracket them as flush_events does
+// (false: the context is finished or has no device state); flusher_copy copies `bytes` from device address `src`.
+bool begin_copy(Ctx* c);
+void end_copy(Ctx* c);
+bool flusher_copy(Ctx* c, void* dst, uint64_t src, size_t bytes);
 void finish_device(Ctx* c, bool synchronize);  // final copy-out, exact drops; the flusher leaves the context alone
 
 // ------------------------------------------------------------------ host_tables.cpp
@@ -265,6 +272,12 @@ bool writes_patch_module(CUmodule m);    // global memory accesses of a patched 
 uint64_t writes_setup(Ctx* c);           // inside setup_device: the device write table; its state address or 0
 void writes_finish(Ctx* c);              // inside finish_device: the table copied out
 void write_writes(kvconv::DumpWriter& w, const Ctx* c, kvconv::GroupSpec g);  // cache/slot_write/step groups
+// The live groups a context reserves for the write canary (none when off; write_step and slot_map in the first).
+std::vector<kvconv::GroupSpec> writes_live_specs(kvconv::GroupSpec base);
+void writes_live_bind(Ctx* c, const std::vector<kvconv::LiveGroup>& gs);  // in writes_live_specs' order
+void writes_flush(Ctx* c, bool force);  // flusher thread: the table into the live slot_write group once quiet
+void writes_counters(kvconv::JsonWriter& j);  // the metadata's writes_* counters (nothing when off)
+void writes_metadata(kvconv::JsonWriter& j, bool live);  // "writes": asked, and why nothing was recorded
 
 // ------------------------------------------------------------------ calibrate.cpp
 // Set on the thread loading one of the tracer's own modules: 1 patch it (as a target module), 2 leave it alone;

@@ -7,8 +7,13 @@
 // kvconv_register_cache(), which the Python probe calls through ctypes (kvconv.capture.probe.writes.register_cache);
 // the probe also hands over each step's slot mapping (kvconv_record_step). At the end (finish_device) the table is
 // copied out and written as the context's cache, slot_write, write_step and slot_map groups (docs/FORMAT.md).
-// The slot_write group reaches the dump only then: a process that dies before has none (docs/TRACER.md).
+// The live file holds them too (issue 49: SGLang's scheduler is SIGKILLed at shutdown, and the dump record sealed
+// from its live file had no slot_write group at all): caches, steps and slot maps are put there as they are
+// registered, and the flusher copies the device table into the live slot_write group once the context has been
+// quiet for KVCONV_WRITES_SETTLE_MS (no target launch since; default 20) and at a crash. Until then the group's
+// drop_count counts the blocks launched since its last copy, so a sealed dump never claims writes it lacks.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -26,7 +31,10 @@ namespace {
 struct WritesCfg {
   bool on = false;
   uint64_t capacity = 1 << 18;  // hash entries (64 + 8 bytes each): 18 MiB of device memory per context
+  uint64_t settle_ns = 20000000;  // quiet time before the flusher copies the table into the live file
 };
+
+const uint64_t kLiveSteps = 1 << 16, kLiveMaps = 1 << 20;  // live write_step and slot_map reservations
 
 struct HostCache {
   kvconv_cache_t rec;
@@ -38,6 +46,9 @@ struct WCtx {
   bool finished = false, read = false;
   uint64_t used = 0, drops = 0;
   std::vector<kvconv_slot_write_t> out;
+  // the live slot_write group: where each table entry's record is (position + 1; 0: not in the file yet)
+  std::vector<uint32_t> pos;
+  uint64_t pending_seen = 0, quiet_since = 0, counted_drops = 0, snapshots = 0;
 };
 
 std::mutex g_wmu;  // guards everything below
@@ -48,12 +59,26 @@ std::vector<kvconv_write_step_t> g_steps;
 std::vector<kvconv_slot_map_t> g_map;
 std::unordered_map<const Ctx*, WCtx> g_wctx;
 const Ctx* g_steps_owner = nullptr;  // the context whose dump groups carry the steps (the first one with writes)
+std::atomic<bool> g_wcfg_ready{false};
+std::atomic<bool> g_live_steps_reserved{false};
+uint64_t g_modules_instrumented = 0, g_modules_failed = 0;
 
 uint64_t parse_u64(const std::string& s, bool* ok) {
   char* end = nullptr;
   const unsigned long long v = strtoull(s.c_str(), &end, 0);
   *ok = !s.empty() && end && *end == 0;
   return v;
+}
+
+// The finished dump's order of slot_write records: launch, replay, block, cache, address.
+bool record_before(const kvconv_slot_write_t& a, const kvconv_slot_write_t& b) {
+  if (a.gridid != b.gridid) return a.gridid < b.gridid;
+  if (a.tag != b.tag) return a.tag < b.tag;
+  if (a.block_z != b.block_z) return a.block_z < b.block_z;
+  if (a.block_y != b.block_y) return a.block_y < b.block_y;
+  if (a.block_x != b.block_x) return a.block_x < b.block_x;
+  if (a.cache_id != b.cache_id) return a.cache_id < b.cache_id;
+  return a.addr_lo < b.addr_lo;
 }
 
 // Caller holds g_wmu. Sorted by base; no overlaps (checked at registration).
@@ -154,9 +179,57 @@ const WritesCfg& wcfg() {  // caller holds g_wmu
         g_wcfg.capacity = p;
       }
     }
+    if (const char* st = getenv("KVCONV_WRITES_SETTLE_MS"); st && *st) {
+      bool ok = false;
+      const uint64_t ms = parse_u64(st, &ok);
+      if (ok) g_wcfg.settle_ns = ms * 1000000ull;
+      else logf(0, "error: KVCONV_WRITES_SETTLE_MS=%s is not a number; using 20", st);
+    }
     if (g_wcfg.on) load_env_caches();
+    g_wcfg_ready.store(true, std::memory_order_release);
   }
   return g_wcfg;
+}
+
+// ------------------------------------------------------------------ the live file's write groups (caller holds g_wmu)
+void live_put_cache(const Ctx* c, const kvconv_cache_t& r) {
+  kvconv::LiveGroup g = c->live.cache;  // a handle: the file holds the records
+  if (g.valid()) g.put(&r, 1);
+}
+
+// One step and its slot map into the live groups of the context that has them; a step whose map finds no room is
+// not put (its map_first would point past the slot_map group) and counted as a drop.
+void live_put_step(const Ctx* c, const kvconv_write_step_t& s) {
+  kvconv::LiveGroup ws = c->live.write_step, sm = c->live.slot_map;
+  if (!ws.valid() || !sm.valid()) return;
+  if (sm.count() != s.map_first || !sm.put(&g_map[s.map_first], s.map_count)) {
+    ws.add_drops(1);
+    return;
+  }
+  ws.put(&s, 1);
+}
+
+// Table entries [0, n) as copied from the device (addr_lo still complemented) into the live slot_write group: an
+// entry already there is updated in place (its count and address range only grow; identity fields never change),
+// new ones are appended in the finished dump's order. A record being updated when the process dies is one of two
+// copies of the same record, field by field.
+void live_publish(WCtx& w, kvconv::LiveGroup g, const kvconv_slot_write_t* recs, uint64_t base, uint64_t n,
+                  bool complemented) {
+  if (!g.valid()) return;
+  std::vector<std::pair<uint32_t, kvconv_slot_write_t>> fresh;
+  for (uint64_t i = base; i < base + n; ++i) {
+    if (!recs[i - base].gridid) continue;  // empty, or claimed and its identity not written yet
+    kvconv_slot_write_t r = recs[i - base];
+    if (complemented) r.addr_lo = ~r.addr_lo;
+    if (w.pos[i]) std::memcpy(g.at(w.pos[i] - 1), &r, sizeof r);
+    else fresh.push_back({static_cast<uint32_t>(i), r});
+  }
+  std::sort(fresh.begin(), fresh.end(), [](const auto& a, const auto& b) { return record_before(a.second, b.second); });
+  std::vector<kvconv_slot_write_t> rs;
+  for (auto& f : fresh) rs.push_back(f.second);
+  const uint64_t at = g.count();
+  if (rs.empty() || !g.put(rs.data(), rs.size())) return;
+  for (size_t k = 0; k < fresh.size(); ++k) w.pos[fresh[k].first] = static_cast<uint32_t>(at + k + 1);
 }
 
 // Push the cache table to one context's device state (outside a callback: the context pushed on this thread).
@@ -180,13 +253,48 @@ bool push_table(Ctx* c, WCtx& w) {
 }  // namespace
 
 bool writes_enabled() {
+  if (g_wcfg_ready.load(std::memory_order_acquire)) return g_wcfg.on;  // no lock: called under g_mu (context.cpp)
   std::lock_guard<std::mutex> lk(g_wmu);
   return wcfg().on;
 }
 
 bool writes_patch_module(CUmodule m) {
   if (!writes_enabled()) return true;
-  return SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, m, "kvconv_mem_access"));
+  const bool ok = SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, m, "kvconv_mem_access"));
+  std::lock_guard<std::mutex> lk(g_wmu);
+  ++(ok ? g_modules_instrumented : g_modules_failed);
+  return ok;
+}
+
+std::vector<kvconv::GroupSpec> writes_live_specs(kvconv::GroupSpec g) {
+  std::vector<kvconv::GroupSpec> out;
+  if (!writes_enabled()) return out;
+  auto add = [&](uint16_t kind, uint32_t size, uint64_t cap, uint16_t clock) {
+    g.kind = kind;
+    g.record_size = size;
+    g.capacity = cap;
+    g.clock_domain = clock;
+    out.push_back(g);
+  };
+  add(KVCONV_KIND_CACHE, sizeof(kvconv_cache_t), KVCONV_MAX_CACHES, KVCONV_CLOCK_DOMAIN_NONE);
+  add(KVCONV_KIND_SLOT_WRITE, sizeof(kvconv_slot_write_t), g_wcfg.capacity - g_wcfg.capacity / 8,
+      KVCONV_CLOCK_DOMAIN_NONE);
+  bool no = false;
+  if (g_live_steps_reserved.compare_exchange_strong(no, true)) {  // the steps: one context's (the first's)
+    add(KVCONV_KIND_WRITE_STEP, sizeof(kvconv_write_step_t), kLiveSteps, KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC);
+    add(KVCONV_KIND_SLOT_MAP, sizeof(kvconv_slot_map_t), kLiveMaps, KVCONV_CLOCK_DOMAIN_NONE);
+  }
+  return out;
+}
+
+void writes_live_bind(Ctx* c, const std::vector<kvconv::LiveGroup>& gs) {
+  if (gs.size() < 2) return;
+  c->live.cache = gs[0];
+  c->live.slot_write = gs[1];
+  if (gs.size() >= 4) {
+    c->live.write_step = gs[2];
+    c->live.slot_map = gs[3];
+  }
 }
 
 // Inside setup_device (c->mu held, inside a callback, c->null_stream known): the device table, zeroed, and its state;
@@ -216,7 +324,10 @@ uint64_t writes_setup(Ctx* c) {
     g_wctx.erase(c);
     return 0;
   }
-  if (!g_steps_owner) g_steps_owner = c;
+  w.pos.assign(cap, 0);
+  if (!g_steps_owner || c->live.write_step.valid()) g_steps_owner = c;  // the live steps' context carries them
+  for (auto& h : g_caches) live_put_cache(c, h.rec);
+  for (auto& st : g_steps) live_put_step(c, st);
   logf(1, "context %u: write table of %llu entries at %#llx, %zu caches", c->index, (unsigned long long)cap,
        (unsigned long long)w.state, g_caches.size());
   return w.state;
@@ -251,17 +362,15 @@ void writes_finish(Ctx* c) {
       r.addr_lo = ~r.addr_lo;  // kept complemented on the device (writes_shared.h)
       w.out.push_back(r);
     }
+    // the live file gets the whole table too: a death while the finished dump is written keeps every write
+    live_publish(w, c->live.slot_write, recs.data(), from, n, true);
   }
-  std::sort(w.out.begin(), w.out.end(), [](const kvconv_slot_write_t& a, const kvconv_slot_write_t& b) {
-    if (a.gridid != b.gridid) return a.gridid < b.gridid;
-    if (a.tag != b.tag) return a.tag < b.tag;
-    if (a.block_z != b.block_z) return a.block_z < b.block_z;
-    if (a.block_y != b.block_y) return a.block_y < b.block_y;
-    if (a.block_x != b.block_x) return a.block_x < b.block_x;
-    if (a.cache_id != b.cache_id) return a.cache_id < b.cache_id;
-    return a.addr_lo < b.addr_lo;
-  });
+  if (c->live.slot_write.valid()) c->live.slot_write.set_drops(w.drops);
+  std::sort(w.out.begin(), w.out.end(), record_before);
   w.read = true;
+  if (w.out.empty())
+    logf(0, "warning: context %u: --writes was asked and no slot write was recorded: %s", c->index,
+         g_caches.empty() ? "no cache was registered" : "no target store was seen (metadata writes.not_recorded_reason)");
   logf(0, "context %u: %zu slot-write records (table %llu of %llu entries used), %llu stores dropped, %zu steps, "
           "%zu caches", c->index, w.out.size(), (unsigned long long)w.used, (unsigned long long)cap,
        (unsigned long long)w.drops, g_steps.size(), g_caches.size());
@@ -304,6 +413,103 @@ void write_writes(kvconv::DumpWriter& dw, const Ctx* c, kvconv::GroupSpec g) {
   dw.add_group(g, g_map.data());
 }
 
+// Flusher thread, every flush: once the context's target launches have stopped for settle_ns (or at a crash), the
+// device table is copied into the live slot_write group and the blocks launched before the copy are taken off its
+// drop_count. A quiet context with nothing launched since the last copy costs two loads.
+void writes_flush(Ctx* c, bool force) {
+  kvconv::LiveGroup g = c->live.slot_write;
+  uint64_t pending, cap, records, state;
+  bool quiet;
+  {
+    std::lock_guard<std::mutex> lk(g_wmu);
+    auto it = g_wctx.find(c);
+    if (it == g_wctx.end() || it->second.finished || !g.valid()) return;
+    WCtx& w = it->second;
+    const uint64_t d = g.drops();
+    pending = d > w.counted_drops ? d - w.counted_drops : 0;  // blocks launched since the last copy
+    if (!pending) return;
+    const uint64_t now = now_ns();
+    if (pending != w.pending_seen) {  // still launching
+      w.pending_seen = pending;
+      w.quiet_since = now;
+    }
+    quiet = now - w.quiet_since >= g_wcfg.settle_ns;
+    if (!quiet && !force) return;
+    cap = w.host->capacity;
+    records = w.host->records;
+    state = w.state;
+  }
+  if (!begin_copy(c)) return;
+  kvconv_writes_state head;
+  std::vector<kvconv_slot_write_t> recs(cap);
+  const bool ok = flusher_copy(c, &head, state, offsetof(kvconv_writes_state, caches)) &&
+                  flusher_copy(c, recs.data(), records, cap * sizeof(kvconv_slot_write_t));
+  end_copy(c);
+  if (!ok) return;
+  std::lock_guard<std::mutex> lk(g_wmu);
+  auto it = g_wctx.find(c);
+  if (it == g_wctx.end() || it->second.finished) return;  // finish_device took over meanwhile (it publishes all)
+  WCtx& w = it->second;
+  live_publish(w, g, recs.data(), 0, cap, true);
+  // Quiet: the blocks counted ended before the copy, their stores are in it. At a crash with blocks still running
+  // they stay counted as possibly lost.
+  if (quiet) g.sub_drops(pending);
+  if (head.drops > w.counted_drops) g.add_drops(head.drops - w.counted_drops);  // stores the table had no room for
+  w.counted_drops = std::max(w.counted_drops, static_cast<uint64_t>(head.drops));
+  w.pending_seen = 0;
+  ++w.snapshots;
+}
+
+// The metadata's counters of the write canary (issue 49: a --writes run must say when nothing was recorded).
+void writes_counters(kvconv::JsonWriter& j) {
+  std::lock_guard<std::mutex> lk(g_wmu);
+  if (!wcfg().on) return;
+  uint64_t recs = 0, drops = 0, tables = 0, snaps = 0;
+  for (auto& kv : g_wctx) {
+    recs += kv.second.out.size();
+    drops += kv.second.drops;
+    tables += 1;
+    snaps += kv.second.snapshots;
+  }
+  j.kv("writes_asked", 1).kv("writes_modules_instrumented", g_modules_instrumented);
+  j.kv("writes_modules_not_instrumented", g_modules_failed).kv("writes_tables", tables);
+  j.kv("writes_caches_registered", static_cast<uint64_t>(g_caches.size()));
+  j.kv("writes_steps_recorded", static_cast<uint64_t>(g_steps.size())).kv("slot_write_records", recs);
+  j.kv("writes_stores_dropped", drops).kv("writes_live_copies", snaps);
+}
+
+namespace {
+// Caller holds g_wmu. Why a --writes run recorded no slot write, or "" when it recorded some.
+std::string not_recorded_reason() {
+  uint64_t recs = 0;
+  bool unread = false, finished = false;
+  for (auto& kv : g_wctx) {
+    recs += kv.second.out.size();
+    unread |= kv.second.finished && !kv.second.read;
+    finished |= kv.second.finished;
+  }
+  if (recs) return "";
+  if (!g_modules_instrumented) return "no module was instrumented for writes (no target kernel's module was patched)";
+  if (g_wctx.empty()) return "no device write table (its allocation failed, or no context was set up)";
+  if (unread) return "the device write table could not be read at the end";
+  if (g_caches.empty()) return "no cache was registered (KVCONV_CACHES, or the probe's register_cache)";
+  if (!finished) return "the process ended before its write table was copied out";
+  return "no target kernel stored to global memory while recording (none ran, or all outside the capture range)";
+}
+}  // namespace
+
+void writes_metadata(kvconv::JsonWriter& j, bool live) {
+  std::lock_guard<std::mutex> lk(g_wmu);
+  if (!wcfg().on) return;
+  j.key("writes").begin_object().kv("asked", true);
+  if (!live) {
+    const std::string why = not_recorded_reason();
+    j.kv("recorded", why.empty());
+    if (!why.empty()) j.kv("not_recorded_reason", why);
+  }
+  j.end_object();
+}
+
 }  // namespace kvtr
 
 // ------------------------------------------------------------------ called by the probe (ctypes), any thread
@@ -316,6 +522,7 @@ extern "C" __attribute__((visibility("default"))) int kvconv_register_cache(uint
   if (!wcfg().on) return -10;  // KVCONV_WRITES is off: the probe says so
   const int id = add_cache(name ? name : "", base, size, slot_bytes, page_size);
   if (id < 0) return id;
+  for (auto& kv : g_wctx) live_put_cache(kv.first, g_caches.back().rec);
   for (auto& kv : g_wctx) {
     Ctx* c = const_cast<Ctx*>(kv.first);
     if (!kv.second.finished && !push_table(c, kv.second)) return -4;
@@ -349,5 +556,6 @@ extern "C" __attribute__((visibility("default"))) int kvconv_record_step(uint64_
     g_map.push_back(m);
   }
   g_steps.push_back(s);
+  if (g_steps_owner) live_put_step(g_steps_owner, s);  // before the owner's set-up: put there at its set-up
   return 0;
 }

@@ -5,6 +5,7 @@
 //
 //   live_test steps PATH          run to the end; print the number of steps (write points) taken
 //   live_test die-at K PATH       SIGKILL itself at step K (every step is a point a real process can die at)
+//   live_test big N PATH          a 2 GiB device-event reservation, N events published, then SIGKILL
 //   live_test threads N PATH      N threads append host rows and events for ever, printing "ready" once going;
 //                                 the test kills it with SIGKILL from outside
 //
@@ -45,16 +46,19 @@ static GroupSpec spec(uint16_t kind, uint32_t size, uint64_t cap, uint32_t ctx) 
   return g;
 }
 
-static std::vector<LiveGroup> add_context(LiveFile& f, uint32_t ctx, uint64_t cap = 4096) {
+// In the tracer's order (context.cpp): the device events last, so that their reservation is not on disk; returned
+// as strings, kernel, clock_sync, device_event, graph_node, eager_launch.
+static std::vector<LiveGroup> add_context(LiveFile& f, uint32_t ctx, uint64_t cap = 4096, uint64_t dev_cap = 0) {
   std::vector<LiveGroup> gs;
   if (!f.add_groups({spec(KVCONV_KIND_STRINGS, 1, 4096, ctx), spec(KVCONV_KIND_KERNEL, 32, 8, ctx),
-                     spec(KVCONV_KIND_CLOCK_SYNC, 32, 8, ctx), spec(KVCONV_KIND_DEVICE_EVENT, 64, cap, ctx),
-                     spec(KVCONV_KIND_GRAPH_NODE, 96, cap, ctx), spec(KVCONV_KIND_EAGER_LAUNCH, 96, 64, ctx)},
+                     spec(KVCONV_KIND_CLOCK_SYNC, 32, 8, ctx), spec(KVCONV_KIND_GRAPH_NODE, 96, cap, ctx),
+                     spec(KVCONV_KIND_EAGER_LAUNCH, 96, 64, ctx),
+                     spec(KVCONV_KIND_DEVICE_EVENT, 64, dev_cap ? dev_cap : cap, ctx)},
                     &gs)) {
     std::fprintf(stderr, "live_test: %s\n", f.error().c_str());
     std::exit(1);
   }
-  return gs;
+  return {gs[0], gs[1], gs[2], gs[5], gs[3], gs[4]};
 }
 
 static kvconv_device_event_t event(uint64_t i) {
@@ -189,13 +193,29 @@ static int threaded(int n, const char* path) {
   }
 }
 
+// A 2 GiB device-event reservation (the tracer's default on an 80 GB GPU) of which `n` events are published, then
+// SIGKILL: the file must hold what was published, not the reservation.
+static int big(uint64_t n, const char* path) {
+  LiveFile f;
+  if (!f.create(path, meta())) return 1;
+  std::vector<LiveGroup> gs = add_context(f, 0, 65536, (2ull << 30) / 64);
+  add_kernel(gs);
+  uint64_t next = 0;
+  for (uint64_t i = 0; i < n / 3; ++i) launch(gs, i, &next);
+  std::printf("published %llu\n", (unsigned long long)gs[3].count());
+  std::fflush(stdout);
+  raise(SIGKILL);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 4 && !std::strcmp(argv[1], "big")) return big(std::strtoull(argv[2], nullptr, 10), argv[3]);
   if (argc == 3 && !std::strcmp(argv[1], "steps")) return sequential(argv[2]);
   if (argc == 4 && !std::strcmp(argv[1], "die-at")) {
     g_die_at = std::atol(argv[2]);
     return sequential(argv[3]);
   }
   if (argc == 4 && !std::strcmp(argv[1], "threads")) return threaded(std::atoi(argv[2]), argv[3]);
-  std::fprintf(stderr, "usage: live_test steps PATH | die-at K PATH | threads N PATH\n");
+  std::fprintf(stderr, "usage: live_test steps PATH | die-at K PATH | big N PATH | threads N PATH\n");
   return 2;
 }
