@@ -413,9 +413,10 @@ void write_writes(kvconv::DumpWriter& dw, const Ctx* c, kvconv::GroupSpec g) {
   dw.add_group(g, g_map.data());
 }
 
-// Flusher thread, every flush: once the context's target launches have stopped for settle_ns (or at a crash), the
-// device table is copied into the live slot_write group and the blocks launched before the copy are taken off its
-// drop_count. A quiet context with nothing launched since the last copy costs two loads.
+// Flusher thread, every flush: once the context's target launches have stopped and every launched block has entered
+// (its block-enter event is in the file) for settle_ns, or at a crash, the device table is copied into the live
+// slot_write group and the blocks launched before the copy are taken off its drop_count (not at a crash: blocks may
+// still run). A quiet context with nothing launched since the last copy costs a lock and two loads.
 void writes_flush(Ctx* c, bool force) {
   kvconv::LiveGroup g = c->live.slot_write;
   uint64_t pending, cap, records, state;
@@ -429,7 +430,11 @@ void writes_flush(Ctx* c, bool force) {
     pending = d > w.counted_drops ? d - w.counted_drops : 0;  // blocks launched since the last copy
     if (!pending) return;
     const uint64_t now = now_ns();
-    if (pending != w.pending_seen) {  // still launching
+    // Still launching, or blocks launched that have not all entered yet (their block-enter events are not all in
+    // the file; a full event buffer cannot tell, and leaves it to the quiet time): an engine queues work ahead.
+    const kvconv::LiveGroup& ev = c->live.device_event;
+    const bool entering = ev.valid() && ev.drops() > 0 && ev.count() < ev.capacity();
+    if (pending != w.pending_seen || entering) {
       w.pending_seen = pending;
       w.quiet_since = now;
     }
