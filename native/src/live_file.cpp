@@ -23,7 +23,9 @@ kvconv_header_t make_live_header(const GroupSpec& g) {
   s.drop_count = 0;
   kvconv_header_t h = make_header(s, 0);
   h.flags = KVCONV_HEADER_FLAGS_LIVE;
-  h.minor = KVCONV_MINOR_LIVE;  // the live flag is minor 1's: a 1.0 reader warns (newer minor) instead of guessing
+  // the live flag is minor 1's: a 1.0 reader warns (newer minor) instead of guessing; a newer kind keeps its own
+  // (the write canary's groups: 2)
+  h.minor = kvconv_kind_minor(g.kind) > KVCONV_MINOR_LIVE ? kvconv_kind_minor(g.kind) : KVCONV_MINOR_LIVE;
   h.header_crc32 = crc32(&h, offsetof(kvconv_header_t, header_crc32));  // the volatile fields are 0 here
   return h;
 }

@@ -503,11 +503,12 @@ std::string not_recorded_reason() {
 }
 }  // namespace
 
+// The live file's metadata is written under the context registry's lock (context.cpp): no g_wmu taken there.
 void writes_metadata(kvconv::JsonWriter& j, bool live) {
-  std::lock_guard<std::mutex> lk(g_wmu);
-  if (!wcfg().on) return;
+  if (!writes_enabled()) return;
   j.key("writes").begin_object().kv("asked", true);
   if (!live) {
+    std::lock_guard<std::mutex> lk(g_wmu);
     const std::string why = not_recorded_reason();
     j.kv("recorded", why.empty());
     if (!why.empty()) j.kv("not_recorded_reason", why);

@@ -48,17 +48,25 @@ static GroupSpec spec(uint16_t kind, uint32_t size, uint64_t cap, uint32_t ctx) 
 
 // In the tracer's order (context.cpp): the device events last, so that their reservation is not on disk; returned
 // as strings, kernel, clock_sync, device_event, graph_node, eager_launch.
+// dev_cap > 0 (the big mode): the write canary's cache and slot_write groups too, before the device events, as the
+// tracer reserves them with KVCONV_WRITES=1; returned after the six.
 static std::vector<LiveGroup> add_context(LiveFile& f, uint32_t ctx, uint64_t cap = 4096, uint64_t dev_cap = 0) {
+  std::vector<GroupSpec> specs = {spec(KVCONV_KIND_STRINGS, 1, 4096, ctx), spec(KVCONV_KIND_KERNEL, 32, 8, ctx),
+                                  spec(KVCONV_KIND_CLOCK_SYNC, 32, 8, ctx), spec(KVCONV_KIND_GRAPH_NODE, 96, cap, ctx),
+                                  spec(KVCONV_KIND_EAGER_LAUNCH, 96, 64, ctx)};
+  if (dev_cap) {
+    specs.push_back(spec(KVCONV_KIND_CACHE, sizeof(kvconv_cache_t), 256, ctx));
+    specs.push_back(spec(KVCONV_KIND_SLOT_WRITE, sizeof(kvconv_slot_write_t), 229376, ctx));
+  }
+  specs.push_back(spec(KVCONV_KIND_DEVICE_EVENT, 64, dev_cap ? dev_cap : cap, ctx));
   std::vector<LiveGroup> gs;
-  if (!f.add_groups({spec(KVCONV_KIND_STRINGS, 1, 4096, ctx), spec(KVCONV_KIND_KERNEL, 32, 8, ctx),
-                     spec(KVCONV_KIND_CLOCK_SYNC, 32, 8, ctx), spec(KVCONV_KIND_GRAPH_NODE, 96, cap, ctx),
-                     spec(KVCONV_KIND_EAGER_LAUNCH, 96, 64, ctx),
-                     spec(KVCONV_KIND_DEVICE_EVENT, 64, dev_cap ? dev_cap : cap, ctx)},
-                    &gs)) {
+  if (!f.add_groups(specs, &gs)) {
     std::fprintf(stderr, "live_test: %s\n", f.error().c_str());
     std::exit(1);
   }
-  return {gs[0], gs[1], gs[2], gs[5], gs[3], gs[4]};
+  std::vector<LiveGroup> out = {gs[0], gs[1], gs[2], gs.back(), gs[3], gs[4]};
+  if (dev_cap) out.insert(out.end(), {gs[5], gs[6]});
+  return out;
 }
 
 static kvconv_device_event_t event(uint64_t i) {
@@ -200,8 +208,27 @@ static int big(uint64_t n, const char* path) {
   if (!f.create(path, meta())) return 1;
   std::vector<LiveGroup> gs = add_context(f, 0, 65536, (2ull << 30) / 64);
   add_kernel(gs);
+  kvconv_cache_t c;
+  std::memset(&c, 0, sizeof c);
+  c.base = 1ull << 32;
+  c.size = 1024 * 2048;
+  c.slot_bytes = 2048;
+  c.page_size = 1;
+  std::memcpy(c.name, "L0.k", 4);
+  gs[6].put(&c, 1);
   uint64_t next = 0;
-  for (uint64_t i = 0; i < n / 3; ++i) launch(gs, i, &next);
+  for (uint64_t i = 0; i < n / 3; ++i) {
+    launch(gs, i, &next);
+    kvconv_slot_write_t w;  // block 0 of each launch wrote slot i of L0.k (as the flusher's copy of the table)
+    std::memset(&w, 0, sizeof w);
+    w.gridid = 100 + i;
+    w.addr_lo = c.base + i * 2048;
+    w.addr_hi = w.addr_lo + 2048;
+    w.page = static_cast<uint32_t>(i);
+    w.kernel_slot = 1;
+    w.stores = 128;
+    gs[7].put(&w, 1);
+  }
   std::printf("published %llu\n", (unsigned long long)gs[3].count());
   std::fflush(stdout);
   raise(SIGKILL);
