@@ -410,3 +410,48 @@ def test_live_file_valid_after_sigkill_from_outside(live_test, tmp_path, delay):
     p.wait()
     got = _live_prefix(path)
     assert got[(0, "graph_node")][0] > 0 and got[(0, "device_event")][0] > 0
+
+
+def _store_kvcache_dump(path: Path, *, drop_v: bool = False) -> dict:
+    """A dump shaped as native/workloads/store_kvcache49.cu's under --writes (2 layers, 2 launches of 3 blocks: each
+    block stores its token's slot in layer l's K and V buffer), for its GPU step's checker."""
+    from kvconv.format import layout
+
+    def recs(kind, n):
+        return np.zeros(n, dtype=layout.kind_dtype(layout.KINDS[kind]))
+
+    caches = recs("cache", 4)
+    for i, name in enumerate(["L0.k", "L0.v", "L1.k", "L1.v"]):
+        caches[i]["cache_id"], caches[i]["slot_bytes"], caches[i]["page_size"] = i, 2048, 1
+        caches[i]["name"] = name.encode()
+    ev, sw = recs("device_event", 6), recs("slot_write", 12)
+    for b in range(6):
+        layer, gid = b // 3, 100 + b // 3
+        ev[b]["gridid"], ev[b]["block_x"], ev[b]["sequence"] = gid, b % 3, b
+        for j, cid in enumerate((2 * layer, 2 * layer + 1)):
+            r = sw[2 * b + j]
+            r["gridid"], r["block_x"], r["cache_id"], r["page"], r["stores"] = gid, b % 3, cid, b, 128
+    if drop_v:
+        sw = sw[:-1]
+    steps = recs("write_step", 2)
+    with dump.new(path) as w:
+        w.write_metadata({"tool": "kvconv-tracer", "tool_version": "t", "writes": {"asked": True}})
+        for kind, r in (("device_event", ev), ("cache", caches), ("slot_write", sw), ("write_step", steps)):
+            w.write_records(kind, r)
+    return {"blocks": 6, "slot_writes": 12, "caches": 4, "steps": 2}
+
+
+def test_gpu_writes49_checker_fails_on_a_block_missing_a_slot(tmp_path):
+    """The issue-49 GPU step's checker (native/workloads/check_writes49.py) passes a dump in which every block
+    recorded its K and V slot, and fails the same dump with one V record gone."""
+    from conftest import load_script
+
+    chk = load_script(ROOT / "native" / "workloads" / "check_writes49.py")
+    good = tmp_path / "good.kvdump"
+    want = _store_kvcache_dump(good)
+    with dump.open(good) as d:
+        assert chk._check_records(d, want) == "12 slot writes, 6 blocks, 2 each (K and V of one layer)"
+    bad = tmp_path / "bad.kvdump"
+    _store_kvcache_dump(bad, drop_v=True)
+    with dump.open(bad) as d, pytest.raises(AssertionError, match="11 slot_write records, expected 12"):
+        chk._check_records(d, want)

@@ -463,6 +463,8 @@ void writes_flush(Ctx* c, bool force) {
   w.counted_drops = std::max(w.counted_drops, static_cast<uint64_t>(head.drops));
   w.pending_seen = 0;
   ++w.snapshots;
+  logf(1, "context %u: write table copied into the live file: %llu slot-write records, %llu blocks settled%s",
+       c->index, (unsigned long long)g.count(), (unsigned long long)pending, quiet ? "" : " (crash: still counted)");
 }
 
 // The metadata's counters of the write canary (issue 49: a --writes run must say when nothing was recorded).
