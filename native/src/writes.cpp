@@ -261,6 +261,7 @@ bool writes_enabled() {
 bool writes_patch_module(CUmodule m) {
   if (!writes_enabled()) return true;
   const bool ok = SAN(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, m, "kvconv_mem_access"));
+  if (t_own_module) return ok;  // the calibration's copy of the tracer's own kernel: not a program's module
   std::lock_guard<std::mutex> lk(g_wmu);
   ++(ok ? g_modules_instrumented : g_modules_failed);
   return ok;
