@@ -309,6 +309,7 @@ uint64_t writes_setup(Ctx* c) {
   if (!SAN(sanitizerAlloc(c->ctx, &p, bytes))) {
     logf(0, "error: context %u: no device memory for the write table (%llu bytes); writes are not recorded", c->index,
          (unsigned long long)bytes);
+    c->live.slot_write = kvconv::LiveGroup();  // no launch counted there: nothing will be copied (stays empty, 0 drops)
     return 0;
   }
   WCtx& w = g_wctx[c];
@@ -323,6 +324,7 @@ uint64_t writes_setup(Ctx* c) {
   if (!SAN(sanitizerMemset(p, 0, bytes, c->null_stream)) ||
       !SAN(sanitizerMemcpyHostToDeviceAsync(p, w.host, sizeof *w.host, c->null_stream))) {
     g_wctx.erase(c);
+    c->live.slot_write = kvconv::LiveGroup();  // as above (before the context's state is set: no launch reads it yet)
     return 0;
   }
   w.pos.assign(cap, 0);
