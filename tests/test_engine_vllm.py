@@ -53,7 +53,8 @@ def test_with_kvconv_engine_it_waits_for_vllm_without_importing_it():
     ep, heavy, hooked, *pending = p.stdout.strip().split(maxsplit=3)
     assert (ep, heavy, hooked) == ("kvconv.capture.engines.vllm:register", "[]", "True")
     assert pending == ["['vllm.v1.attention.backends.flash_attn', 'vllm.v1.worker.gpu.block_table', "
-                       "'vllm.v1.worker.gpu.model_runner', 'vllm.v1.worker.gpu_model_runner']"]
+                       "'vllm.v1.worker.gpu.cudagraph_utils', 'vllm.v1.worker.gpu.model_runner', "
+                       "'vllm.v1.worker.gpu_model_runner']"]
 
 
 def test_the_import_hook_runs_after_the_module_and_only_then(tmp_path):
