@@ -126,7 +126,8 @@ def patch_slot_off_by_one(mod) -> None:
 def patch_stale_block(mod) -> None:
     def make_append(orig):
         def append_block_ids(self, req_index, new_block_ids, overwrite):
-            if "stale-block" not in S.fired and not overwrite and S.step + 1 >= STEP and new_block_ids and new_block_ids[0]:
+            armed = "stale-block" not in S.fired and not overwrite and S.step + 1 >= STEP
+            if armed and new_block_ids and new_block_ids[0]:
                 start = int(self.num_blocks.np[0, req_index])
                 table = self.block_tables[0]
                 if start < table.gpu.shape[1]:
