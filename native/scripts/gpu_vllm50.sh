@@ -85,11 +85,16 @@ judge() {  # judge NAME: validate every dump of run NAME (the tracer's and the p
   done
   grep -h "kvconv plant \|kvconv vllm plugin: \|shutdown\] \|Asynchronous scheduling\|async_scheduling=" \
     "$RUN/$1.log" 2> /dev/null | grep -v "armed in" | sort -u | head -n 20 | cut -c1-400
+  grep -h "^kvconv plant .*: step\|^kvconv plant .*: block\|^kvconv plant .*: layer\|^kvconv plant .*: the dummy" \
+    "$RUN/$1.log" > "$RUN/$1.plants.txt" 2> /dev/null  # what each plant did: the fixture tests read it
+  grep -h '^{"signal"' "$RUN/$1.log" > "$RUN/$1.json" 2> /dev/null  # the serve driver's line
+  find "$RUN" -maxdepth 1 -name "$1.*" -empty -delete
 }
 
 serve() {  # serve NAME INT|TERM
   mkdir -p "$RUN" && rm -f "$RUN/$1"*
-  KVCONV_VALUE=1 KVCONV_WRITE_CAPACITY=$WCAP timed "$1" python3 native/workloads/vllm_serve.py --signal "$2" \
+  KVCONV_VALUE=1 KVCONV_WRITE_CAPACITY=$WCAP KVCONV_PROBE_OUTPUT=$RUN/$1.probe.kvdump \
+    timed "$1" python3 native/workloads/vllm_serve.py --signal "$2" \
     --requests 32 --tokens 32 --concurrency 8 -- $REC $K --writes --engine vllm --capture-range profiler \
     -o "$RUN/$1.kvdump" --
   judge "$1"
@@ -126,22 +131,22 @@ cost() {  # three engine processes, in this order: traced, untraced with torch.p
   python3 native/workloads/vllm_cost.py --table "$RUN"/cost-*.log | tee "$RUN/cost-table.md"
 }
 
-collect() {  # collect OUT TAG NAME..: runs NAME's logs (OUT/TAG-logs.tar.xz) and dumps as OUT/<dump>.zst, at most 7
-  local dest=$1 tag=$2 n=0 f name
+collect() {  # collect OUT TAG NAME..: runs NAME's logs (OUT/TAG-logs.tar.xz), their .plants.txt / .json, and their
+  # dumps as OUT/<dump>.zst: 8 files a call, so keep to two runs (a .txt or .json, a tracer dump, a probe dump each)
+  local dest=$1 tag=$2 f name
   shift 2
   mkdir -p "$dest"
   (cd "$RUN" && tar -cJf "$dest/$tag-logs.tar.xz" --ignore-failed-read $(for name in "$@"; do echo "./$name"*.log; done) \
     ./*.md 2> /dev/null)
   for name in "$@"; do
+    cp "$RUN/$name".plants.txt "$RUN/$name".json "$dest/" 2> /dev/null
     for f in $(ls -S "$RUN/$name"*.kvdump 2> /dev/null | tac); do
-      [ $n -ge 7 ] && { echo "collect: $(basename "$f") left in $RUN (8 files a call)"; continue; }
+      [ "$(ls "$dest" | wc -l)" -ge 8 ] && { echo "collect: $(basename "$f") left in $RUN (8 files a call)"; continue; }
       python3 -c "import sys, zstandard; open(sys.argv[2], 'wb').write(zstandard.ZstdCompressor(level=19, threads=-1)
 .compress(open(sys.argv[1], 'rb').read()))" "$f" "$dest/$(basename "$f").zst"
       if [ "$(stat -c %s "$dest/$(basename "$f").zst")" -gt $((15 << 20)) ]; then
         rm "$dest/$(basename "$f").zst"
         echo "collect: $(basename "$f") left in $RUN (over 15 MiB compressed)"
-      else
-        n=$((n + 1))
       fi
     done
   done
