@@ -21,7 +21,8 @@ the step (numbered as the kvconv plugin numbers them: the runner's ``prepare_att
 The shapes of three published vLLM bugs (issue 50; each fixed in 0.26.0, so planted back):
 
 - ``dummy-slot-zero`` (vllm-project/vllm#38719): the dummy slot mapping left at zeros instead of PAD_SLOT_ID
-  (``BlockTables.get_dummy_slot_mappings``), so warm-up and graph-capture forwards write slot 0 of every layer;
+  (``BlockTables.get_dummy_slot_mappings``) for the forwards of up to KVCONV_PLANT_DUMMY_MAX (8) tokens, the FULL
+  graphs' sizes: their warm-up and capture forwards write slot 0 of every layer;
 - ``pad-index-write`` (vllm-project/vllm#43810, fix #43869): layer KVCONV_PLANT_LAYER's K and V also written through
   ``key_cache[slot // block_size, slot % block_size] = key`` (a PyTorch index_put kernel, not reshape_and_cache),
   from graph capture on: a padded row's slot -1 lands in the last slot of the last block;
@@ -43,6 +44,7 @@ PLANTS = ("slot-off-by-one", "stale-block", "double-alloc", "skip-layer", "wrong
 STEP = int(os.environ.get("KVCONV_PLANT_STEP", "10"))
 LAYER = int(os.environ.get("KVCONV_PLANT_LAYER", "1"))
 REQUEST = int(os.environ.get("KVCONV_PLANT_REQUEST", "5"))
+DUMMY_MAX = int(os.environ.get("KVCONV_PLANT_DUMMY_MAX", "8"))  # dummy-slot-zero: forwards of up to this many tokens
 
 
 class _State:
@@ -289,15 +291,20 @@ def patch_finish(mod) -> None:
 
 
 def patch_dummy_slots(mod) -> None:
-    """dummy-slot-zero: every dummy slot mapping (warm-up, graph capture) left at zeros, vllm-project/vllm#38719."""
+    """dummy-slot-zero: the dummy slot mapping of the forwards under FULL graphs (up to DUMMY_MAX tokens: the
+    capture sizes' warm-up and capture forwards) left at zeros, vllm-project/vllm#38719; the 16,384-token compile
+    warm-up keeps its pads (it would only repeat the finding 16,384 times a layer)."""
     def make(orig):
         def get_dummy_slot_mappings(self, num_tokens):
             out = orig(self, num_tokens)
+            if num_tokens > DUMMY_MAX:
+                return out
             self.slot_mappings.zero_()
             if "dummy-slot-zero" not in S.fired:
                 fire("dummy-slot-zero")
-                say(f"the dummy slot mapping ({num_tokens} tokens first) left at zeros, not PAD_SLOT_ID: warm-up and "
-                    f"capture forwards write slot 0 (block 0) of every layer", "dummy-slot-zero")
+                say(f"the dummy slot mapping of {num_tokens} tokens (and every dummy forward of up to {DUMMY_MAX}) "
+                    f"left at zeros, not PAD_SLOT_ID: warm-up and capture forwards write slot 0 (block 0) of every "
+                    f"layer", "dummy-slot-zero")
             return out
         return get_dummy_slot_mappings
     wrap(mod.BlockTables, "get_dummy_slot_mappings", make)
