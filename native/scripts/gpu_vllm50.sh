@@ -151,6 +151,7 @@ collect() {  # collect OUT TAG NAME..: runs NAME's logs (OUT/TAG-logs.tar.xz), t
   mkdir -p "$dest"
   (cd "$RUN" && tar -cJf "$dest/$tag-logs.tar.xz" --ignore-failed-read $(for name in "$@"; do echo "./$name"*.log; done) \
     ./*.md 2> /dev/null)
+  cp "$RUN"/*.md "$dest/" 2> /dev/null  # the cost table
   for name in "$@"; do
     cp "$RUN/$name".plants.txt "$RUN/$name".json "$dest/" 2> /dev/null
     for f in $(ls -S "$RUN/$name"*.kvdump 2> /dev/null | tac); do
