@@ -119,6 +119,18 @@ class _Runner:
     kernel_block_sizes = [4]
     cudagraph_manager = None
 
+    def __init__(self):
+        from kvconv.capture.engines.vllm import BlockMirror
+
+        self.block_tables = type("B", (), {})()
+        self.block_tables._kvconv_mirror = BlockMirror(4, 8)
+        self.block_tables._kvconv_mirror.append(0, 0, [2, 5])
+
+
+BATCH = type("Batch", (), dict(num_tokens_after_padding=4, num_tokens=3, req_ids=["r1"],
+                               num_scheduled_tokens=np.array([3]), idx_mapping_np=np.array([0]),
+                               num_computed_tokens_np=np.array([0])))()
+
 
 def _session(tmp_path):
     from kvconv.capture.engines import vllm as plugin
@@ -166,13 +178,17 @@ def test_steps_outside_the_profiler_window_are_not_recorded_and_the_stop_writes_
                                  "stop": staticmethod(lambda: calls.append("stop"))})
     plugin._patch_profiler(prof)
     s.begin_dummy(4)  # before cudaProfilerStart: not recorded
+    s.begin(BATCH)  # a real step outside the range: counted (step 0), not recorded
+    s.finish()
     prof.start()
-    s.begin_dummy(2)
+    s.begin(BATCH)  # step 1, recorded: request r1's three tokens at slots 8-10 and a pad
     s.finish()
     prof.stop()  # the engine's cudaProfilerStop: the probe dump is written here
+    s.begin(BATCH)  # after the stop: nothing more
     assert calls == ["start", "stop"] and s.recorder is None and plugin._window["open"] is False
-    steps, _, _ = _steps(tmp_path / "p.kvdump")
-    assert steps["map_count"].tolist() == [2]
+    steps, smap, meta = _steps(tmp_path / "p.kvdump")
+    assert steps["step"].tolist() == [1] and smap["slot"].tolist() == [8, 9, 10, -1]
+    assert meta["request_ids"] == {"1": "r1"}
 
 
 # ---- the plants (no vLLM: their code paths on numpy stand-ins) ----

@@ -250,7 +250,10 @@ class _Session:
 
     def begin(self, batch) -> None:
         self.finish()  # a dummy forward's step left open (graph capture) ends here
-        if self.writes is None or not _window["open"]:
+        if self.writes is None:
+            return
+        if not _window["open"]:  # outside the capture range: counted, so that step numbers are the runner's
+            self.step += 1
             return
         slots, reqs, pads = self.mapping(batch)
         self.rows = len(slots)

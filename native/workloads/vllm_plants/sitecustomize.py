@@ -276,8 +276,9 @@ def patch_finish(mod) -> None:
     the block table, which the plugin keeps) is the one a late write of it would hit."""
     def make(orig):
         def finish_requests(self, scheduler_output):
-            if "stale-write" not in S.fired and S.stale is None and scheduler_output.finished_req_ids:
-                rid = sorted(scheduler_output.finished_req_ids)[0]
+            done = sorted(r for r in scheduler_output.finished_req_ids if not r.startswith("_"))  # not warm-up's
+            if "stale-write" not in S.fired and S.stale is None and done:
+                rid = done[0]
                 row = self.req_states.req_id_to_index.get(rid)
                 mirror = getattr(self.block_tables, "_kvconv_mirror", None)
                 n = int(self.block_tables.num_blocks.np[0, row]) if row is not None else 0
