@@ -5,16 +5,17 @@
 #   gpu_vllm50.sh stage build|vllm     copy the carried native/build (to /tmp/kvbuild) or vLLM parts (to /tmp/kvstage)
 #   gpu_vllm50.sh setup                .whl into /tmp/site, the tracer found (or built), kvconv's plugin entry points
 #                                      (/tmp/kvplug), the vLLM bundle unpacked once all its parts are staged
-#   gpu_vllm50.sh serve-sigint OUT     `vllm serve` under record --writes --engine vllm --capture-range profiler,
-#                                      KVCONV_VALUE=1; 32 completions at concurrency 8 between /start_profile and
-#   gpu_vllm50.sh serve-sigterm OUT    /stop_profile; ended by SIGINT to the job's process group (Ctrl-C) / SIGTERM
-#                                      to record alone (kill PID)
-#   gpu_vllm50.sh plants OUT           one run.py process with the plants stale-block, double-alloc and wrong-value
-#   gpu_vllm50.sh bugs OUT             one run.py process with the shapes of vllm#38719, #43810, #45357, the location
+#   gpu_vllm50.sh serve-sigint         `vllm serve` under record --writes --engine vllm --capture-range profiler,
+#   gpu_vllm50.sh serve-sigterm        KVCONV_VALUE=1; 32 completions at concurrency 8 between /start_profile and
+#                                      /stop_profile; ended by SIGINT to the job's process group (a terminal's
+#                                      Ctrl-C) / by SIGTERM to record alone (kill PID)
+#   gpu_vllm50.sh plants               one run.py process with the plants stale-block, double-alloc and wrong-value
+#   gpu_vllm50.sh bugs                 one run.py process with the shapes of vllm#38719, #43810, #45357, the location
 #                                      canary on and -k index_put_kernel_impl beside reshape_and_cache_flash_kernel
-#   gpu_vllm50.sh cost OUT             tokens/s at batch 8 and 32, 5 cycles: traced, untraced+torch.profiler, canaries
-#   gpu_vllm50.sh collect OUT TAG NAME..  the logs of runs NAME in OUT/TAG-logs.tar.xz, their tracer and probe dumps
-#                                      as OUT/<dump>.kvdump.zst (the fixtures' names), at most 7
+#   gpu_vllm50.sh cost                 tokens/s at batch 8 and 32, ROUNDS (5) cycles each, three engine processes:
+#                                      traced, untraced with torch.profiler rounds between, canaries; the table
+#   gpu_vllm50.sh collect OUT TAG NAME..  the logs of runs NAME in OUT/TAG-logs.tar.xz, their .json/.plants.txt, their
+#                                      tracer and probe dumps as OUT/<dump>.zst (the fixtures' names); 8 files at most
 # Runs write to /tmp/v50 (outlives a call while the machine stays warm). Every engine process is bounded by
 # `timeout` (T seconds, default 420).
 set -u
@@ -61,7 +62,8 @@ plugin_entry_points() {  # what `pip install` of the checkout declares (pyprojec
   local d=$KVPLUG/kvconv_engine_plugins-0.0.dist-info
   mkdir -p "$d"
   printf 'Metadata-Version: 2.1\nName: kvconv-engine-plugins\nVersion: 0.0\n' > "$d/METADATA"
-  printf '[vllm.general_plugins]\nkvconv = kvconv.capture.engines.vllm:register\n' > "$d/entry_points.txt"
+  printf '[vllm.general_plugins]\nkvconv = kvconv.capture.engines.vllm:register\n\n' > "$d/entry_points.txt"
+  printf '[sglang.srt.plugins]\nkvconv = kvconv.capture.engines.sglang:register\n' >> "$d/entry_points.txt"  # as gpu_engines.sh
 }
 
 setup() {
