@@ -5,8 +5,10 @@ explains is one the registry (schemas/codes.json) defines."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,10 +30,15 @@ def test_the_guide_has_cpu_and_gpu_blocks():
 @pytest.mark.parametrize("i", [i for i, (gpu, _) in enumerate(_blocks()) if not gpu])
 def test_cpu_blocks_run(i):
     code = _blocks()[i][1]
-    p = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     if "vllm.general_plugins" in code:
         assert p.stdout.strip() == "['kvconv.capture.engines.vllm:register']"
+    if "plant-slot-off-by-one" in code:  # what the text under the block says the finding names
+        said = ("validate exit 1", "step 10, replay 9: batch row 0 (request 5) wrote slot 856", "instead of 855")
+        assert all(w in p.stdout for w in said), p.stdout
 
 
 def test_gpu_blocks_use_real_record_options():
