@@ -8,7 +8,7 @@
 #   gpu_vllm50.sh serve-sigint         `vllm serve` under record --writes --engine vllm --capture-range profiler,
 #   gpu_vllm50.sh serve-sigterm        KVCONV_VALUE=1; 32 completions at concurrency 8 between /start_profile and
 #                                      /stop_profile; ended by SIGINT to the job's process group (a terminal's
-#                                      Ctrl-C) / by SIGTERM to record alone (kill PID)
+#                                      Ctrl-C) / by SIGTERM to record alone (kill PID); sigterm: KVCONV_CANARY=1 too
 #   gpu_vllm50.sh plants               one run.py process with the plants stale-block, double-alloc and wrong-value
 #   gpu_vllm50.sh bugs                 one run.py process with the shapes of vllm#38719, #43810, #45357, the location
 #                                      canary on and -k index_put_kernel_impl beside reshape_and_cache_flash_kernel
@@ -117,7 +117,8 @@ serve() {  # serve NAME INT|TERM
 }
 
 serve-sigint() { serve serve-sigint INT; }
-serve-sigterm() { serve serve-sigterm TERM; }
+# the location canary too (a clean baseline for it: 40 copies of 200 MiB, 8 GiB, beside the engine's ~41 GB)
+serve-sigterm() { KVCONV_CANARY=1 serve serve-sigterm TERM; }
 
 plant_run() {  # plant_run NAME PLANTS [extra record args]: run.py with the plants, all canaries
   local name=$1 plants=$2
