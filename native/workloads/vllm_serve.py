@@ -41,7 +41,7 @@ MODEL_NAME = "qwen3-14b-dummy"
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s [options] [-- LAUNCHER...]",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--signal", choices=("INT", "TERM"), default="INT", help="how the server is ended (default INT)")
     p.add_argument("--requests", type=int, default=32, metavar="N", help="completions sent (default 32)")
@@ -51,9 +51,10 @@ def parse(argv):
     p.add_argument("--no-range", action="store_true", help="do not call /start_profile and /stop_profile")
     p.add_argument("--start-timeout", type=float, default=420.0, metavar="S", help="seconds to wait for /health")
     p.add_argument("--stop-timeout", type=float, default=120.0, metavar="S", help="seconds to wait after the signal")
-    p.add_argument("launcher", nargs=argparse.REMAINDER, help="-- then the command the server runs under")
-    a = p.parse_args(argv)
-    a.launcher = a.launcher[1:] if a.launcher[:1] == ["--"] else a.launcher
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # after it: the command the server runs under
+    a = p.parse_args(argv[:cut])
+    a.launcher = argv[cut + 1:]
     for name in ("requests", "tokens", "concurrency"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
