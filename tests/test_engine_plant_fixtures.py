@@ -5,8 +5,8 @@ README says it must give. Names are those native/scripts/gpu_engines.sh writes (
 - fixtures/h200-sglang-0.5.12-plants/sglang-plant-<name>.pid<N>.kvdump.zst (the scheduler's tracer dump; the largest
   of the run) and sglang-plant-<name>.probe.kvdump.zst (the plugin's), for clean, loc-shift, freed-reuse,
   outside-write, two-stream;
-- fixtures/h200-vllm-0.26/plant-<name>.kvdump.zst and plant-<name>.probe.kvdump.zst for stale-block, double-alloc,
-  wrong-value."""
+- the vLLM plants of issue 39 and the published bugs' shapes of issue 50: tests/test_engine_vllm_fixtures.py
+  (native/scripts/gpu_vllm50.sh runs them two processes at a time)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest
 from conftest import FIXTURES, run_cli
 
 SGLANG = FIXTURES / "h200-sglang-0.5.12-plants"
-VLLM = FIXTURES / "h200-vllm-0.26"
 
 # plant -> (the dump that must show it, the error codes it must hold); sglang_plants/README.md's table
 SGLANG_EXPECT = {
@@ -27,11 +26,6 @@ SGLANG_EXPECT = {
     "outside-write": {"trace": {"writes-unmapped-slot"}, "probe": {"canary-unexpected-write"}},
     "two-stream": {"trace": {"writes-unmapped-slot"}, "probe": {"canary-unexpected-write"}},
 }
-VLLM_EXPECT = {  # vllm_plants/README.md; tests/test_engine_vllm.py's EXPECT
-    "stale-block": {"trace": {"writes-missing-slot", "writes-unmapped-slot"}},
-    "double-alloc": {"probe": {"writes-live-overwrite"}},
-    "wrong-value": {"probe": {"canary-wrong-value"}},
-}
 
 
 def _sglang(name: str) -> dict:
@@ -40,13 +34,6 @@ def _sglang(name: str) -> dict:
     if not traces or not probe.exists():
         pytest.skip(f"no fixture of the SGLang plant {name} yet (native/engines/README.md, the next device session)")
     return {"trace": traces[-1], "probe": probe}
-
-
-def _vllm(name: str) -> dict:
-    dumps = {"trace": VLLM / f"plant-{name}.kvdump.zst", "probe": VLLM / f"plant-{name}.probe.kvdump.zst"}
-    if not all(p.exists() for p in dumps.values()):
-        pytest.skip(f"no fixture of the vLLM plant {name} yet (native/engines/README.md, the next device session)")
-    return dumps
 
 
 def _judged(path) -> tuple[int, set[str]]:
@@ -63,8 +50,7 @@ def test_sglang_clean_plant_run_is_valid():
         assert code == 0 and not errors, (kind, errors)
 
 
-PLANTS = ([(_sglang, SGLANG_EXPECT, p) for p in sorted(SGLANG_EXPECT)]
-          + [(_vllm, VLLM_EXPECT, p) for p in sorted(VLLM_EXPECT)])
+PLANTS = [(_sglang, SGLANG_EXPECT, p) for p in sorted(SGLANG_EXPECT)]
 
 
 @pytest.mark.parametrize("dumps_of,expect,plant", PLANTS, ids=[f"{f.__name__[1:]}-{p}" for f, _, p in PLANTS])

@@ -53,7 +53,8 @@ def test_with_kvconv_engine_it_waits_for_vllm_without_importing_it():
     ep, heavy, hooked, *pending = p.stdout.strip().split(maxsplit=3)
     assert (ep, heavy, hooked) == ("kvconv.capture.engines.vllm:register", "[]", "True")
     assert pending == ["['vllm.v1.attention.backends.flash_attn', 'vllm.v1.worker.gpu.block_table', "
-                       "'vllm.v1.worker.gpu.model_runner', 'vllm.v1.worker.gpu_model_runner']"]
+                       "'vllm.v1.worker.gpu.cudagraph_utils', 'vllm.v1.worker.gpu.model_runner', "
+                       "'vllm.v1.worker.gpu_model_runner']"]
 
 
 def test_the_import_hook_runs_after_the_module_and_only_then(tmp_path):
@@ -213,6 +214,10 @@ EXPECT = {  # plant -> (the dump that shows it, findings it must hold); the clea
     "double-alloc": ("probe", {"writes-live-overwrite"}),
     "skip-layer": ("trace", {"writes-missing-slot"}),
     "wrong-value": ("probe", {"canary-wrong-value"}),
+    # issue 50: the published bugs' shapes (vllm_plants/README.md)
+    "dummy-slot-zero": ("trace", {"writes-unmapped-slot"}),
+    "pad-index-write": ("probe", {"canary-unexpected-write"}),
+    "stale-write": ("probe", {"canary-wrong-value"}),
 }
 
 
@@ -222,7 +227,7 @@ def test_plants_on_vllm(plant, tmp_path):
     """``KVCONV_VLLM_MODEL`` names a dense Qwen3; vLLM 0.26.0 and the built tracer are needed."""
     pytest.importorskip("vllm")
     model = os.environ.get("KVCONV_VLLM_MODEL") or pytest.skip("KVCONV_VLLM_MODEL is not set")
-    env = {"KVCONV_ENGINE": "vllm", "KVCONV_VALUE": "1", "PYTHONPATH": PLANTS}
+    env = {"KVCONV_ENGINE": "vllm", "KVCONV_VALUE": "1", "KVCONV_CANARY": "1", "PYTHONPATH": PLANTS}
     if plant != "clean":
         env["KVCONV_PLANT"] = plant
     r = run_cli("record", "--writes", "--no-validate", "-o", "t-%p.kvdump", "--", sys.executable,

@@ -101,13 +101,13 @@ def environ(args):
         os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(args.compile_cache)
 
 
-def engine(model_dir, tp, profile_dir=None):
+def engine(model_dir, tp, profile_dir=None, profiler_options=None):
     from vllm import LLM
 
     extra = {}
     if profile_dir:  # vllm/config/profiler.py (0.26.0): warmup_iterations 0 = every iteration between start and stop
         extra["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": os.path.abspath(profile_dir),
-                                    "torch_profiler_with_stack": False}
+                                    "torch_profiler_with_stack": False, **(profiler_options or {})}
     return LLM(
         **extra,
         model=model_dir,

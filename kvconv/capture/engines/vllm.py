@@ -16,7 +16,16 @@ caches (the GPU worker, in vLLM's engine-core child by default) then:
 - releases the finished and preempted requests the scheduler names at the next step (``WriteProbe.release``);
 - with ``KVCONV_VALUE=1``, runs the :class:`~kvconv.capture.probe.values.ValueProbe` on the steps whose cache write
   runs in Python (PIECEWISE and eager steps: ``unified_kv_cache_update`` is a splitting op), the expected rows being
-  the K and V handed to ``FlashAttentionImpl.do_kv_cache_update``.
+  the K and V handed to ``FlashAttentionImpl.do_kv_cache_update``;
+- with ``KVCONV_CANARY=1``, runs the location canary (:class:`~kvconv.capture.probe.Canary`) on every step, page =
+  the kernel block, nothing excluded (vLLM's pads are -1 and write nothing): a page written by a kernel the tracer
+  was not told of (``-k``) shows as ``canary-unexpected-write``;
+- records each dummy forward (warm-up, graph capture: ``prepare_dummy_attn``, ``prepare_inputs_to_capture``) as a
+  step whose every row is a pad, numbered as the real step that follows it: a cache write there is a write no token
+  asked for (``writes-unmapped-slot``, vllm-project/vllm#38719's shape);
+- under ``kvconv record --capture-range profiler``, records steps only between the engine's
+  ``cudaProfilerStart``/``Stop`` (vLLM's ``profiler_config={"profiler": "cuda"}``, ``/start_profile`` and
+  ``/stop_profile`` of ``vllm serve``), as the tracer does, and writes its dump at the stop.
 
 Everything goes into the probe's own dump (``KVCONV_PROBE_OUTPUT``, default
 ``<tracer dump's stem>.vllm-<pid>.probe.kvdump`` or ``./kvconv-vllm-<pid>.probe.kvdump``), written when the runner
@@ -44,8 +53,11 @@ RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
 RUNNER_V1 = "vllm.v1.worker.gpu_model_runner"
 BLOCK_TABLE_V2 = "vllm.v1.worker.gpu.block_table"
 FLASH_ATTN = "vllm.v1.attention.backends.flash_attn"
+CUDAGRAPH_V2 = "vllm.v1.worker.gpu.cudagraph_utils"
 _registered = False
 _sessions: list = []  # the _Session of each runner that allocated KV caches in this process
+# Under --capture-range profiler the probes follow the tracer's range: closed until the engine's cudaProfilerStart.
+_window = {"open": True, "stop_closes": False}
 
 
 def register() -> None:
@@ -57,8 +69,12 @@ def register() -> None:
     after_import(BLOCK_TABLE_V2, _patch_block_tables)
     after_import(RUNNER_V2, _patch_runner)
     after_import(RUNNER_V1, _patch_runner_v1)
+    after_import(CUDAGRAPH_V2, _patch_capture)
     if os.environ.get("KVCONV_VALUE") == "1":
         after_import(FLASH_ATTN, _patch_flash_attn)
+    if os.environ.get("KVCONV_CAPTURE_RANGE") == "profiler":
+        _window.update(open=False, stop_closes=os.environ.get("KVCONV_CAPTURE_RANGE_END", "stop") != "repeat")
+        after_import("torch.cuda.profiler", _patch_profiler)
 
 
 # ---- pure functions: vLLM's per-step host arrays -> the probe's rows (tests/test_engine_vllm.py) ----
@@ -162,8 +178,10 @@ class _Session:
 
     def __init__(self, runner) -> None:
         self.runner = runner
-        self.recorder = self.writes = self.values = None
+        self.recorder = self.writes = self.values = self.canary = None
         self.step = 0
+        self.dummies = 0  # dummy forwards recorded (every row a pad)
+        self.value_open = False  # a value-probe step is open: do_kv_cache_update's rows are expected
         self.ids: dict[str, int] = {}
         self.open: list = []  # the step's entered context managers
         self.names: dict[int, tuple[str, object]] = {}  # cache data_ptr -> (name, page view), for the value rows
@@ -209,8 +227,11 @@ class _Session:
             if self.values is not None:
                 self.values.watch(view, name=f"L{i}.kv", page_size=kbs)
             self.names[int(kv.data_ptr())] = (f"L{i}.kv", view)
+        if os.environ.get("KVCONV_CANARY") == "1":
+            self.canary = location_canary(self.recorder, [(n, v) for n, v in self.names.values()], kbs)
         print(f"kvconv vllm plugin: {len(r.kv_caches)} caches registered (page {kbs}), probe dump "
-              f"{self.recorder.path}, tracer {'on' if self.writes.active else 'off'}", file=sys.stderr, flush=True)
+              f"{self.recorder.path}, tracer {'on' if self.writes.active else 'off'}, location canary "
+              f"{'on' if self.canary is not None else 'off'}", file=sys.stderr, flush=True)
 
     def mapping(self, batch):
         """(slots, request ids, pads) of the step, host arrays of ``num_tokens_after_padding`` rows."""
@@ -228,23 +249,47 @@ class _Session:
         return slots, reqs, pads | (slots < 0)
 
     def begin(self, batch) -> None:
+        self.finish()  # a dummy forward's step left open (graph capture) ends here
         if self.writes is None:
+            return
+        if not _window["open"]:  # outside the capture range: counted, so that step numbers are the runner's
+            self.step += 1
             return
         slots, reqs, pads = self.mapping(batch)
         self.rows = len(slots)
-        cm = self.writes.step(self.step, slots, reqs, pad=pads)
-        cm.__enter__()
-        self.open.append(cm)
+        self.enter(self.writes.step(self.step, slots, reqs, pad=pads))
         if self.values is not None and getattr(self.mode, "name", None) != "FULL":  # FULL: no rows to hand over
-            cm = self.values.step(self.step, slots, reqs, pad=pads)
-            cm.__enter__()
-            self.open.append(cm)
+            self.enter(self.values.step(self.step, slots, reqs, pad=pads))
+            self.value_open = True
+        if self.canary is not None:
+            self.enter(self.canary.step(self.step, slots[~pads]))
         self.step += 1
 
-    def end(self) -> None:
+    def begin_dummy(self, rows: int) -> None:
+        """A dummy forward (warm-up, graph capture): its intent is to write nothing, every row a pad (-1); it takes
+        the number of the real step that follows it."""
+        import numpy as np
+
+        self.finish()
+        if self.writes is None or not _window["open"]:
+            return
+        n = int(rows)
+        self.enter(self.writes.step(self.step, np.full(n, -1, np.int64), np.zeros(n, np.uint64),
+                                    pad=np.ones(n, bool)))
+        self.dummies += 1
+
+    def enter(self, cm) -> None:
+        cm.__enter__()
+        self.open.append(cm)
+
+    def finish(self) -> None:
+        """Close the open step's context managers (the canary's compare, the probes' records)."""
+        self.value_open = False
         while self.open:
-            cm = self.open.pop()
-            cm.__exit__(None, None, None)
+            self.open.pop().__exit__(None, None, None)
+
+    def end(self) -> None:
+        self.finish()
         if self.limit and self.step >= self.limit and self.recorder is not None:
             self.close()
 
@@ -259,7 +304,7 @@ class _Session:
 
     def expect(self, kv_cache, key, value) -> None:
         """The rows ``do_kv_cache_update`` is handed, as the cache stores them: per head K then V."""
-        if not self.open or self.values is None:
+        if not self.value_open or self.values is None:
             return
         name, view = self.names.get(int(kv_cache.data_ptr()), (None, None))
         if name is None:
@@ -280,11 +325,26 @@ class _Session:
     def close(self) -> None:
         if self.recorder is None:
             return
-        rec, self.recorder, self.writes, self.values = self.recorder, None, None, None
-        self.open.clear()
+        self.finish()
+        rec, self.recorder, self.writes, self.values, self.canary = self.recorder, None, None, None, None
         rec.metadata["request_ids"] = {str(n): rid for rid, n in self.ids.items()}  # the numbers as vLLM names them
+        rec.metadata["dummy_steps"] = self.dummies
         rec.close()
         print(f"kvconv vllm plugin: probe dump written: {rec.path} ({self.step} steps)", file=sys.stderr, flush=True)
+
+
+def location_canary(recorder, caches, page: int):
+    """The location canary over every layer's cache (``(name, view [blocks, block_size, ...])``), page = the kernel
+    block, nothing excluded: vLLM's null block 0 is never handed out and its pads (-1) write nothing, so any change
+    outside the step's pages is a stray write. ``KVCONV_CANARY_MODE`` clone / checksum / auto (auto clones a cache up
+    to 1 GiB: a pool of N blocks takes N x block bytes per layer again)."""
+    from kvconv.capture.probe import Canary
+
+    canary = Canary(recorder)
+    mode = os.environ.get("KVCONV_CANARY_MODE", "auto")
+    for name, view in caches:
+        canary.watch(view.reshape(int(view.shape[0]), -1), name=name, page_size=page, excluded=(), mode=mode)
+    return canary
 
 
 # ---- the patches (run where vLLM's modules are imported) ----
@@ -353,6 +413,23 @@ def _patch_runner(mod) -> None:
                     guarded(s, f"closing step {s.step - 1}", s.end)
         return execute_model
 
+    def dummy(orig):
+        def prepare_dummy_attn(self, input_batch):
+            out = orig(self, input_batch)
+            s = getattr(self, "_kvconv", None)
+            guarded(s, "recording a dummy forward", s and s.begin_dummy, input_batch.num_tokens_after_padding)
+            return out
+        return prepare_dummy_attn
+
+    def captured(orig):
+        def capture_model(self, *a, **kw):
+            try:
+                return orig(self, *a, **kw)
+            finally:
+                s = getattr(self, "_kvconv", None)
+                guarded(s, "closing the last captured forward", s and s.finish)
+        return capture_model
+
     def stop(orig):
         def shutdown(self, *a, **kw):
             s = getattr(self, "_kvconv", None)
@@ -369,9 +446,40 @@ def _patch_runner(mod) -> None:
         return dispatch_cg_and_sync_dp
 
     for name, make in (("initialize_kv_cache", init), ("prepare_attn", prepare), ("execute_model", execute),
-                       ("shutdown", stop)):
+                       ("prepare_dummy_attn", dummy), ("capture_model", captured), ("shutdown", stop)):
         _wrap(cls, name, make)
     _wrap(mod, "dispatch_cg_and_sync_dp", dispatch)
+
+
+def _patch_capture(mod) -> None:
+    """Graph capture's forwards (a warm-up run, eager, then the capture) read the dummy slot mapping
+    ``prepare_inputs_to_capture`` makes: each is a dummy step, closed by the next step or the end of capture."""
+    def make(orig):
+        def prepare_inputs_to_capture(num_reqs, num_tokens, *a, **kw):
+            out = orig(num_reqs, num_tokens, *a, **kw)
+            for s in _sessions:
+                if getattr(s.runner, "cudagraph_manager", None) is not None:
+                    guarded(s, "recording a captured forward", s.begin_dummy, num_tokens)
+            return out
+        return prepare_inputs_to_capture
+    _wrap(mod, "prepare_inputs_to_capture", make)
+
+
+def _patch_profiler(mod) -> None:
+    """``torch.cuda.profiler.start``/``stop`` (vLLM's ``CudaProfilerWrapper`` calls them by attribute): the window in
+    which the probes record, the tracer's ``--capture-range profiler``; the stop writes the probe dumps (unless
+    ``--capture-range-end repeat``), so that a server ended by a signal has them whatever its exit path."""
+    def make(orig, opened: bool):
+        def toggle(*a, **kw):
+            out = orig(*a, **kw)
+            _window["open"] = opened
+            if not opened and _window["stop_closes"]:
+                for s in list(_sessions):
+                    guarded(s, "writing the probe dump at the profiler's stop", s.close)
+            return out
+        return toggle
+    _wrap(mod, "start", lambda orig: make(orig, True))
+    _wrap(mod, "stop", lambda orig: make(orig, False))
 
 
 def _sessions_of(manager):
