@@ -226,10 +226,12 @@ class Run:
     """A run of one or several dumps (module docstring). A context manager: ``with kvconv.open(p) as run: ...``
     closes the readers it opened."""
 
-    def __init__(self, paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions()) -> None:
+    def __init__(self, paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions(),
+                 one_run: bool = False) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.options = options
+        self.one_run = one_run  # the dumps are one run whatever their metadata says (what kvconv record ran)
         self.dumps: tuple[DumpRun, ...] = tuple(DumpRun(p, options) for p in paths)
         if not self.dumps:
             from kvconv.format.errors import UsageError
@@ -261,18 +263,32 @@ class Run:
 
     @property
     def exit_code(self) -> int:
-        """The run's exit status: the worst of its dumps'; the processes of one run as one (a process that ran no
-        target kernel does not make it nothing-checked: :func:`kvconv.check.runs.set_exit`)."""
-        from kvconv.check.runs import of_run
+        """The run's exit status: its :attr:`verdict`'s."""
+        from kvconv.check.verdict import EXIT_CODES
 
-        return of_run(self.paths, [d.exit_code for d in self.dumps])
+        return EXIT_CODES[self.verdict]
 
     @property
     def verdict(self) -> str:
-        """The run's verdict: the verdict whose exit status is :attr:`exit_code`."""
-        from kvconv.check.verdict import EXIT_CODES
+        """The run's one verdict (:func:`kvconv.check.runs.judge`, :func:`kvconv.check.verdict.of_run`): each run
+        among its dumps (the processes and probe dumps of one engine run) judged as one, the worst of them; a
+        process that ran no target kernel does not make a checked run nothing-checked; what was asked and ran in
+        none of its dumps (:attr:`run_findings`) is judged with them."""
+        return self._judged()[0]
 
-        return next(v for v, code in EXIT_CODES.items() if code == self.exit_code)
+    @property
+    def run_findings(self) -> list:
+        """The findings of the run as a whole (:func:`kvconv.check.asked.of_run`): each check asked for that none of
+        its dumps ran (a dump's own findings are in :attr:`findings`)."""
+        return self._judged()[1]
+
+    def _judged(self) -> tuple[str, list]:
+        if "_judgement" not in vars(self):
+            from kvconv.check.runs import judge
+
+            reps = [d.validation for d in self.dumps]
+            self._judgement = judge(self.paths, [r.verdict for r in reps], [r.asked for r in reps], one=self.one_run)
+        return self._judgement
 
     @property
     def findings(self) -> list:
@@ -390,6 +406,21 @@ class Run:
         return Path(self._tables_dir.name) / "tables"
 
 
-def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions()) -> Run:  # noqa: A001
-    """The run of one dump or of several (one engine run's processes): :class:`Run`."""
+def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions(),  # noqa: A001
+         whole_run: bool = True) -> Run:
+    """The run of one dump or of several (one engine run's processes): :class:`Run`.
+
+    Args:
+        paths: a dump, several, or a run's ``kvconv record -o`` path (literal or with %p).
+        options: how the dumps are read and checked.
+        whole_run: with every file of the run found beside them (:func:`kvconv.check.runs.find`: the other
+            processes' dumps, the engine plugins' probe dumps); False: the paths as given.
+
+    Returns:
+        The :class:`Run`; ``run.paths`` lists the dumps it holds.
+    """
+    if whole_run:
+        from kvconv.check.runs import find
+
+        paths = find([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
     return Run(paths, options=options)

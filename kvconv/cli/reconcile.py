@@ -55,7 +55,7 @@ def reconcile_cmd(
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions
 
-    run = kvconv.open(dump_paths, options=RunOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage,
+    run = kvconv.open(dump_paths, whole_run=False, options=RunOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage,
                                                      salvage=salvage))
     run.options.reconcile_options()  # a bad --join is refused before any work
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
