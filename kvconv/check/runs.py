@@ -78,13 +78,32 @@ def find(paths: list[str]) -> list[str]:
     """
     out: list[str] = []
     for p in map(str, paths):
-        tracer, probes = globs(p)
-        named = [f for g in tracer + probes for f in sorted(glob.glob(g))
-                 if ".tmp." not in f and os.path.isfile(f) and (f == p or not _is_probe(f) or g in probes)]
+        named: list[str] = []
+        for base in dict.fromkeys([p, output_of(p)]):
+            tracer, probes = globs(base)
+            named += [f for g in tracer + probes for f in sorted(glob.glob(g)) if f not in named and ".tmp." not in f
+                      and os.path.isfile(f) and (f == p or not _is_probe(f) or g in probes)]
         if os.path.isfile(p) or not named:
             named = [p] + [f for f in _linked_to(p, named) if f != p]
         out += [f for f in named if f not in out]
     return out
+
+
+def output_of(path: str) -> str:
+    """The ``-o`` path a run's file was named after: ``run.pid<N>.kvdump`` and ``run.<engine>-<pid>.probe.kvdump``
+    -> ``run.kvdump`` (a compressed name keeps its suffix); any other name is its own.
+
+        >>> output_of("o/run.pid42.kvdump.zst"), output_of("o/run.vllm-42.probe.kvdump"), output_of("o/x.kvdump")
+        ('o/run.kvdump.zst', 'o/run.kvdump', 'o/x.kvdump')
+    """
+    z = next((z for z in COMPRESSED if path.endswith(z)), "")
+    plain = path[: len(path) - len(z)]
+    m = _PROBE.search(plain)
+    if m:
+        return plain[: m.start()] + ".kvdump" + z
+    folder, name = os.path.split(plain)
+    m = re.fullmatch(r"(.+)\.pid\d+((?:\.[^.]*)?)", name)
+    return os.path.join(folder, m.group(1) + m.group(2)) + z if m else path
 
 
 def _is_probe(path: str) -> bool:
