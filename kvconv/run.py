@@ -282,12 +282,22 @@ class Run:
         its dumps ran (a dump's own findings are in :attr:`findings`)."""
         return self._judged()[1]
 
+    @property
+    def runs(self) -> list[set[int]]:
+        """The runs among its dumps (indices into :attr:`dumps`): the processes and probe dumps linked by their
+        metadata (:func:`kvconv.check.runs.split`); one for a lone dump or what kvconv record ran."""
+        if "_runs" not in vars(self):
+            from kvconv.check.runs import split
+
+            self._runs = split(self.paths, one=self.one_run)
+        return self._runs
+
     def _judged(self) -> tuple[str, list]:
         if "_judgement" not in vars(self):
             from kvconv.check.runs import judge
 
             reps = [d.validation for d in self.dumps]
-            self._judgement = judge(self.paths, [r.verdict for r in reps], [r.asked for r in reps], one=self.one_run)
+            self._judgement = judge(self.paths, [r.verdict for r in reps], [r.asked for r in reps], per=self.runs)
         return self._judgement
 
     @property

@@ -176,11 +176,12 @@ def linked(procs: list[dict]) -> bool:
 
 # ---- the run's verdict: the one judge (kvconv.check.verdict.of_run) over each run among some dumps ----
 
-def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, one: bool = False) -> tuple[str, list]:
+def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, one: bool = False,
+          per: list[set[int]] | None = None) -> tuple[str, list]:
     """The one verdict of some dumps and the findings of their runs: each run among them (:func:`groups`; ``one``:
     all of them, what one kvconv record ran) judged by :func:`kvconv.check.verdict.of_run` over its dumps' verdicts
     and what was asked and ran in none of its dumps (``asks``: each dump's :class:`kvconv.check.asked.Asked`, None
-    where unknown), the worst run's verdict.
+    where unknown), the worst run's verdict. ``per``: the runs, when known (:func:`split`).
 
         >>> judge(["a.kvdump"], ["nothing-checked"])
         ('nothing-checked', [])
@@ -188,13 +189,20 @@ def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, on
     from kvconv.check import asked, verdict
 
     asks = asks if asks is not None else [None] * len(paths)
-    per = groups([process(p) for p in paths]) if len(paths) > 1 and not one else [set(range(len(paths)))]
+    per = per if per is not None else split(paths, one=one)
     found, names = [], []
     for g in per:
         mine = asked.of_run([asks[i] for i in sorted(g) if asks[i] is not None])
         found += mine
         names.append(verdict.of_run([verdicts[i] for i in sorted(g)], mine))
     return verdict.worst(names), found
+
+
+def split(paths: list[str], *, one: bool = False) -> list[set[int]]:
+    """The runs among some dumps (:func:`groups` of their processes), as sets of indices; ``one``: all one run."""
+    if len(paths) < 2 or one:
+        return [set(range(len(paths)))]
+    return groups([process(p) for p in paths])
 
 
 # ---- exit statuses: what the commands whose outcomes are exit statuses ask (a thin front of the one judge) ----

@@ -248,7 +248,9 @@ def run_lines(run, *, always: bool = False) -> list[str]:
                + (f" and {len(worst) - 1:,} more" if len(worst) > 1 else ""))
     warn = sum(f.severity == "warning" for f in found)
     more = f"; {counted(warn, 'warning')} of the run" if warn else ""
-    return [f.line() for f in found] + [f"run of {counted(len(run.dumps), 'dump')}: {verdict.LABELS[v]}{why}{more}"]
+    k = len(run.runs)
+    head = f"run of {counted(len(run.dumps), 'dump')}" if k < 2 else f"{k:,} runs ({len(run.dumps):,} dumps)"
+    return [f.line() for f in found] + [f"{head}: {verdict.LABELS[v]}{why}{more}"]
 
 
 def run_json(run) -> dict:
