@@ -274,13 +274,15 @@ class Run:
         among its dumps (the processes and probe dumps of one engine run) judged as one, the worst of them; a
         process that ran no target kernel does not make a checked run nothing-checked; what was asked and ran in
         none of its dumps (:attr:`run_findings`) is judged with them."""
-        return self._judged()[0]
+        from kvconv.check.verdict import worst
+
+        return worst(j.verdict for j in self.judged)
 
     @property
     def run_findings(self) -> list:
         """The findings of the run as a whole (:func:`kvconv.check.asked.of_run`): each check asked for that none of
         its dumps ran (a dump's own findings are in :attr:`findings`)."""
-        return self._judged()[1]
+        return [f for j in self.judged for f in j.findings]
 
     @property
     def runs(self) -> list[set[int]]:
@@ -292,13 +294,15 @@ class Run:
             self._runs = split(self.paths, one=self.one_run)
         return self._runs
 
-    def _judged(self) -> tuple[str, list]:
-        if "_judgement" not in vars(self):
+    @property
+    def judged(self) -> list:
+        """Each run among its dumps judged as one (:func:`kvconv.check.runs.judge`: dumps, verdict, findings)."""
+        if "_judged" not in vars(self):
             from kvconv.check.runs import judge
 
             reps = [d.validation for d in self.dumps]
-            self._judgement = judge(self.paths, [r.verdict for r in reps], [r.asked for r in reps], per=self.runs)
-        return self._judgement
+            self._judged = judge(self.paths, [r.verdict for r in reps], [r.asked for r in reps], per=self.runs)
+        return self._judged
 
     @property
     def findings(self) -> list:

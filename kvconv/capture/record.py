@@ -111,7 +111,7 @@ class RecordResult:
         from kvconv.check.runs import judge
 
         return judge(self.dumps, [getattr(r, "verdict", "ok" if r.valid else "failed") for r in self.reports],
-                     one=True)[0]
+                     one=True)[0].verdict
 
     @property
     def valid(self) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from dataclasses import dataclass
 
 ENGINES = ("vllm", "sglang")  # the plugins that write probe dumps (kvconv.capture.engines)
 COMPRESSED = (".zst", ".xz")  # what the reader decompresses (a fixture's dumps keep their run's names before it)
@@ -71,22 +72,27 @@ def find(paths: list[str]) -> list[str]:
     """Every file of the runs named by ``paths`` (a run's ``-o`` path, literal or with %p, or its dumps): each path
     that is a file, and the files named after it (:func:`globs`) whose processes are linked to it (:func:`groups`:
     pid, ppid, the output's owner; a probe dump's pid from its name where its metadata has none). A pattern that is
-    no file: every file of its names. Order kept, each file once.
+    no file: every file of its names. The paths named are kept as named (in order); each file found is added once.
 
         >>> find(["fixtures/h200-engine-procs/range-profiler.kvdump.zst"])   # doctest: +SKIP
         ['.../range-profiler.kvdump.zst', '.../range-profiler.pid959.kvdump.zst']
     """
+    paths = [str(p) for p in paths]
     out: list[str] = []
-    for p in map(str, paths):
+    found: list[str] = []  # the files found beside them, after the paths named
+    for p in paths:
         named: list[str] = []
         for base in dict.fromkeys([p, output_of(p)]):
             tracer, probes = globs(base)
             named += [f for g in tracer + probes for f in sorted(glob.glob(g)) if f not in named and ".tmp." not in f
                       and os.path.isfile(f) and (f == p or not _is_probe(f) or g in probes)]
-        if os.path.isfile(p) or not named:
-            named = [p] + [f for f in _linked_to(p, named) if f != p]
-        out += [f for f in named if f not in out]
-    return out
+        others = [f for f in named if f != p]
+        if os.path.isfile(p) and others:
+            others = _linked_to(p, others)
+        if os.path.isfile(p) or not others:  # a dump, "-" (stdin), a path that is not there: itself, as named
+            out.append(p)
+        found += [f for f in others if f not in found]
+    return out + [f for f in found if f not in out and f not in paths]
 
 
 def output_of(path: str) -> str:
@@ -176,26 +182,35 @@ def linked(procs: list[dict]) -> bool:
 
 # ---- the run's verdict: the one judge (kvconv.check.verdict.of_run) over each run among some dumps ----
 
-def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, one: bool = False,
-          per: list[set[int]] | None = None) -> tuple[str, list]:
-    """The one verdict of some dumps and the findings of their runs: each run among them (:func:`groups`; ``one``:
-    all of them, what one kvconv record ran) judged by :func:`kvconv.check.verdict.of_run` over its dumps' verdicts
-    and what was asked and ran in none of its dumps (``asks``: each dump's :class:`kvconv.check.asked.Asked`, None
-    where unknown), the worst run's verdict. ``per``: the runs, when known (:func:`split`).
+@dataclass(frozen=True)
+class Judged:
+    """One run among some dumps: its dumps (indices), its one verdict and its own findings (what was asked and ran
+    in none of its dumps)."""
 
-        >>> judge(["a.kvdump"], ["nothing-checked"])
-        ('nothing-checked', [])
+    dumps: tuple[int, ...]
+    verdict: str
+    findings: list
+
+
+def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, one: bool = False,
+          per: list[set[int]] | None = None) -> list[Judged]:
+    """Each run among some dumps (:func:`split`; ``one``: all of them, what one kvconv record ran; ``per``: the runs,
+    when known) judged by :func:`kvconv.check.verdict.of_run` over its dumps' verdicts and what was asked and ran in
+    none of its dumps (``asks``: each dump's :class:`kvconv.check.asked.Asked`, None where unknown). The verdict of
+    them all: :func:`kvconv.check.verdict.worst` of theirs.
+
+        >>> [(j.dumps, j.verdict) for j in judge(["a.kvdump"], ["nothing-checked"])]
+        [((0,), 'nothing-checked')]
     """
     from kvconv.check import asked, verdict
 
     asks = asks if asks is not None else [None] * len(paths)
-    per = per if per is not None else split(paths, one=one)
-    found, names = [], []
-    for g in per:
-        mine = asked.of_run([asks[i] for i in sorted(g) if asks[i] is not None])
-        found += mine
-        names.append(verdict.of_run([verdicts[i] for i in sorted(g)], mine))
-    return verdict.worst(names), found
+    out = []
+    for g in per if per is not None else split(paths, one=one):
+        idx = tuple(sorted(g))
+        mine = asked.of_run([asks[i] for i in idx if asks[i] is not None])
+        out.append(Judged(idx, verdict.of_run([verdicts[i] for i in idx], mine), mine))
+    return out
 
 
 def split(paths: list[str], *, one: bool = False) -> list[set[int]]:

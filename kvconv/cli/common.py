@@ -229,38 +229,38 @@ def finish(command: str, outcomes: list[Outcome], *, as_json: bool, trailer: str
 
 
 def run_lines(run, *, always: bool = False) -> list[str]:
-    """The run's own lines, after its dumps' (validate, report, record): each finding of the run as a whole (what
-    was asked and ran in none of its dumps), then its one verdict naming the dump(s) that decided it and their
-    findings' codes; for a lone dump without such a finding none unless ``always`` (its own line says it all)."""
+    """The runs' own lines, after their dumps' (validate, report, record): for each run of several dumps or with
+    findings of its own (what was asked and ran in none of its dumps; ``always``: every run), those findings and its
+    one verdict, naming the dump that decided it and its findings' codes. Lone dumps that say it all: none."""
     from kvconv.check import verdict
     from kvconv.wording import counted
 
-    found = run.run_findings
-    if len(run.dumps) < 2 and not found and not always:
-        return []
-    v = run.verdict
-    worst = [d for d in run.dumps if d.verdict == v] if v != "ok" else []
-    why = ""
-    if worst:
-        codes = list(dict.fromkeys(i["code"] for i in worst[0].incidents
-                                   if i["severity"] == ("error" if v in ("failed", "unreadable") else "warning")))
-        why = (f": {worst[0].path}" + (f" ({', '.join(codes[:3])}{', ...' if len(codes) > 3 else ''})" if codes else "")
-               + (f" and {len(worst) - 1:,} more" if len(worst) > 1 else ""))
-    warn = sum(f.severity == "warning" for f in found)
-    more = f"; {counted(warn, 'warning')} of the run" if warn else ""
-    k = len(run.runs)
-    head = f"run of {counted(len(run.dumps), 'dump')}" if k < 2 else f"{k:,} runs ({len(run.dumps):,} dumps)"
-    return [f.line() for f in found] + [f"{head}: {verdict.LABELS[v]}{why}{more}"]
+    out = []
+    for j in run.judged:
+        if len({run.dumps[i].path for i in j.dumps}) < 2 and not j.findings and not always:
+            continue
+        dumps = [run.dumps[i] for i in j.dumps]
+        worst = [d for d in dumps if d.verdict == j.verdict] if j.verdict != "ok" else []
+        why = ""
+        if worst:
+            sev = "error" if j.verdict in ("failed", "unreadable") else "warning"
+            codes = list(dict.fromkeys(i["code"] for i in worst[0].incidents if i["severity"] == sev))
+            named = f" ({', '.join(codes[:3])}{', ...' if len(codes) > 3 else ''})" if codes else ""
+            why = f": {worst[0].path}{named}" + (f" and {len(worst) - 1:,} more" if len(worst) > 1 else "")
+        warn = sum(f.severity == "warning" for f in j.findings)
+        more = f"; {counted(warn, 'warning')} of the run" if warn else ""
+        out += [f.line() for f in j.findings]
+        out.append(f"run of {counted(len(dumps), 'dump')}: {verdict.LABELS[j.verdict]}{why}{more}")
+    return out
 
 
 def run_json(run) -> dict:
     """The envelope's ``run`` entry (schemas/cli.schema.json) of a run of several dumps or with findings of its own:
     its one verdict, exit status, dumps and findings as a whole; nothing for a lone dump that says it all."""
-    found = run.run_findings
-    if len(run.dumps) < 2 and not found:
+    if not any(len({run.dumps[i].path for i in j.dumps}) > 1 or j.findings for j in run.judged):
         return {}
     return {"run": {"verdict": run.verdict, "exit": run.exit_code, "dumps": run.paths,
-                    "findings": [f.to_dict() for f in found]}}
+                    "findings": [f.to_dict() for f in run.run_findings]}}
 
 
 # ---- the verdict, where a command states it beside its own job ------------------------------------------------------

@@ -198,10 +198,9 @@ def validate(
 
     Example: kvconv validate run.kvdump
     """
+    import kvconv
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions
-
-    import kvconv
 
     opts = RunOptions(reconcile=not no_reconcile, relaxed=relaxed, salvage=salvage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)

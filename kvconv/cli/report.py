@@ -9,11 +9,12 @@ compared; exit 1 beyond thresholds). Both read each dump once (:mod:`kvconv.look
 
 Both read each dump's one verdict (kvconv validate's: :mod:`kvconv.check.verdict`) and state it; a dump's run (the
 other dumps found beside it: other processes', the engine plugins' probe dumps, :func:`kvconv.check.runs.find`) is
-judged as one. report: once the page is written (its verdict, incidents and findings are in it), the run's verdict
-exit status (0 ok, 1 failed, 4 nothing checked, 5 incomplete: schemas/codes.json ``verdicts``); 2 when a dump cannot be read or the output may
-not be written (nothing is written then). diff: 0 no check beyond the thresholds, 1 otherwise (B's verdict worse than
-A's, or an incident of B that A has not, counts), 2 unreadable; --json prints the envelope of every command
-(schemas/cli.schema.json) with the comparison as ``diff``. docs/REPORT.md.
+judged as one. report: once the page is written (its verdict, incidents and findings are in it), the run's
+verdict exit status (0 ok, 1 failed, 4 nothing checked, 5 incomplete: schemas/codes.json ``verdicts``); 2 when a
+dump cannot be read or the output may not be written (nothing is written then). diff: 0 no check beyond the
+thresholds, 1 otherwise (B's verdict worse than A's, or an incident of B that A has not, counts), 2 unreadable;
+--json prints the envelope of every command (schemas/cli.schema.json) with the comparison as ``diff``.
+docs/REPORT.md.
 """
 
 from __future__ import annotations
