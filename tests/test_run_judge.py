@@ -17,6 +17,7 @@ import pytest
 from test_record import fake_lib  # noqa: F401 - a fixture: record runs a stand-in command, no GPU
 
 from conftest import FIXTURES, run_cli
+from kvconv.capture.engines._hooks import probe_metadata, probe_output
 from kvconv.check import runs, verdict
 from synth import small_parts, write_parts
 
@@ -154,3 +155,18 @@ def test_engine_checked_in_the_probe_dump_makes_the_run_checked(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert lines[-1] == "run of 2 dumps: valid; 1 warning of the run", lines
     assert any(ln.startswith("warning asked-unchecked --writes") for ln in lines), lines
+
+
+def test_plugins_write_beside_o_under_record_whatever_a_harness_says(monkeypatch):
+    monkeypatch.setenv("KVCONV_OUTPUT", "o/run-%p.kvdump")
+    monkeypatch.setenv("KVCONV_PROBE_OUTPUT", "/h/probe-%p.kvdump")
+    pid = __import__("os").getpid()
+    assert probe_output("sglang") == (f"/h/probe-{pid}.kvdump", "KVCONV_PROBE_OUTPUT")  # outside record: the harness
+    monkeypatch.setenv("KVCONV_RECORD", "1")
+    path, why = probe_output("sglang")
+    assert path == f"o/run-{pid}.sglang-{pid}.probe.kvdump" and "applies only outside kvconv record" in why
+    assert runs.find([path]) == [path]  # named so that the run finds it: its -o path is o/run-<pid>.kvdump
+    assert runs.output_of(path) == f"o/run-{pid}.kvdump"
+    monkeypatch.setenv("KVCONV_VALUE", "1")
+    meta = probe_metadata("sglang")
+    assert meta["pid"] == pid and meta["asked"]["engine"] == "sglang" and meta["asked"]["value"] is True

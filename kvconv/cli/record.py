@@ -64,14 +64,14 @@ def record(
     capture_range_end: str | None = _CAPTURE_RANGE_END,
     engine: str | None = _ENGINE,
 ) -> None:
-    """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
+    """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then judge the run: every dump it wrote.
 
     Every CUDA process of the command writes its own dump: with a path without %p the first one writes it and every
     other (an engine's scheduler or worker) writes <stem>.pid<N><ext> beside it. Each is reported with its process.
 
     The run is every dump it wrote: each process's tracer dump and each probe dump of the engine plugins (--engine:
     <stem>.<engine>-<pid>.probe.kvdump beside -o, whatever KVCONV_PROBE_OUTPUT says). Each dump gets its line, then
-    the run gets ONE verdict line, as kvconv validate -o-path gives it.
+    the run gets ONE verdict line, as kvconv validate of the -o path gives it.
 
     Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else the run's
     verdict: the worst over its dumps that checked something (1 failed: a bug caught in any dump, a probe dump's

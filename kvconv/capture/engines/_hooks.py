@@ -123,10 +123,8 @@ def probe_output(engine: str) -> tuple[str, str]:
     (:func:`kvconv.check.runs.probe_path`), whatever ``KVCONV_PROBE_OUTPUT`` says, so that record finds and judges
     it with the run; elsewhere ``KVCONV_PROBE_OUTPUT`` (a harness's; ``%p``: the process id), else the same name.
 
-        >>> import os; os.environ.update(KVCONV_RECORD="1", KVCONV_OUTPUT="o/run.kvdump", KVCONV_PROBE_OUTPUT="x")
-        >>> probe_output("vllm")[0] == f"o/run.vllm-{os.getpid()}.probe.kvdump"
-        True
-        >>> for k in ("KVCONV_RECORD", "KVCONV_OUTPUT", "KVCONV_PROBE_OUTPUT"): del os.environ[k]
+        >>> probe_output("vllm")   # doctest: +SKIP - under record -o o/run.kvdump, a harness's KVCONV_PROBE_OUTPUT=x
+        ('o/run.vllm-4242.probe.kvdump', "beside kvconv record's -o; KVCONV_PROBE_OUTPUT=x applies only outside ...")
     """
     import os
 
@@ -137,7 +135,7 @@ def probe_output(engine: str) -> tuple[str, str]:
     named = os.environ.get("KVCONV_PROBE_OUTPUT", "").replace("%p", str(pid))
     if os.environ.get("KVCONV_RECORD") == "1":
         why = "beside kvconv record's -o"
-        return beside, why + (f" (KVCONV_PROBE_OUTPUT={named} applies only outside kvconv record)" if named else "")
+        return beside, why + (f"; KVCONV_PROBE_OUTPUT={named} applies only outside kvconv record" if named else "")
     return (named, "KVCONV_PROBE_OUTPUT") if named else (beside, "beside KVCONV_OUTPUT")
 
 
