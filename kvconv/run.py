@@ -106,6 +106,21 @@ class DumpRun:
             self._reader.close()
             self._reader = None
 
+    def metadata_or_none(self) -> dict | None:
+        """The dump's run metadata from its reader (which the run's other views share); None where it cannot be
+        read (the verdict says why)."""
+        import warnings
+
+        from kvconv.format.errors import KvconvError
+
+        try:
+            with warnings.catch_warnings():  # an unfinished dump's warning is its validation's to say
+                warnings.simplefilter("ignore")
+                meta = self.reader.metadata()
+        except (KvconvError, OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
     @cached_property
     def validation(self):
         """kvconv validate's report (:class:`kvconv.check.validate.Report`): every pass's findings, the incidents,
@@ -291,7 +306,8 @@ class Run:
         if "_runs" not in vars(self):
             from kvconv.check.runs import split
 
-            self._runs = split(self.paths, one=self.one_run)
+            self._runs = split(self.paths, one=self.one_run, metas=[d.metadata_or_none() for d in self.dumps]
+                               if len(self.dumps) > 1 and not self.one_run else None)
         return self._runs
 
     @property

@@ -126,16 +126,19 @@ def _linked_to(path: str, named: list[str]) -> list[str]:
     return []
 
 
-def process(path: str) -> dict:
-    """The process a dump came from (:func:`kvconv.format.info.process_of`); a probe dump whose metadata names none
-    (written before the plugins recorded it): the pid of its name."""
+def process(path: str, meta: dict | None = None) -> dict:
+    """The process a dump came from (:func:`kvconv.format.info.process_of`; ``meta``: its metadata, already read);
+    a probe dump whose metadata names none (written before the plugins recorded it): the pid of its name."""
     import warnings
 
-    from kvconv.format.info import process_of
+    from kvconv.format.info import process_in, process_of
 
-    with warnings.catch_warnings():  # an unfinished dump's warning is its validation's to say, once
-        warnings.simplefilter("ignore")
-        proc = process_of(path)
+    if meta is not None:
+        proc = process_in(meta)
+    else:
+        with warnings.catch_warnings():  # an unfinished dump's warning is its validation's to say, once
+            warnings.simplefilter("ignore")
+            proc = process_of(path)
     if proc.get("pid") is None:
         m = _PROBE.search(path[: -len(z)] if (z := next((z for z in COMPRESSED if path.endswith(z)), "")) else path)
         if m:
@@ -213,11 +216,13 @@ def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, on
     return out
 
 
-def split(paths: list[str], *, one: bool = False) -> list[set[int]]:
-    """The runs among some dumps (:func:`groups` of their processes), as sets of indices; ``one``: all one run."""
+def split(paths: list[str], *, one: bool = False, metas: list | None = None) -> list[set[int]]:
+    """The runs among some dumps (:func:`groups` of their processes), as sets of indices; ``one``: all one run;
+    ``metas``: their metadata where already read (None: read here)."""
     if len(paths) < 2 or one:
         return [set(range(len(paths)))]
-    return groups([process(p) for p in paths])
+    metas = metas if metas is not None else [None] * len(paths)
+    return groups([process(p, m) for p, m in zip(paths, metas)])
 
 
 # ---- exit statuses: what the commands whose outcomes are exit statuses ask (a thin front of the one judge) ----
@@ -231,9 +236,10 @@ def set_exit(exits: list[int | None]) -> int:
 def of_run(paths: list[str], exits: list[int]) -> int:
     """The exit status of several dumps: each run among them (:func:`groups`) judged as one
     (:func:`kvconv.check.verdict.of_run`), the worst run's."""
-    if len(exits) < 2:
-        return max(exits, default=0)
-    return _of([[exits[i] for i in g] for g in groups([process(p) for p in paths])])
+    nothing = 4  # nothing-checked: the only verdict whose weight depends on which run a dump is of
+    if len(exits) < 2 or nothing not in exits or all(e == nothing for e in exits):
+        return _of([list(exits)])
+    return _of([[exits[i] for i in g] for g in split(paths)])
 
 
 def _of(runs: list[list[int]]) -> int:
