@@ -74,16 +74,13 @@ def test_report_and_diff_judge_the_run(tmp_path):
 # The stand-in command record runs: the EngineCore's tracer dump at -o, and the plugin's probe dump where the plugin
 # puts it (kvconv.capture.engines._hooks.probe_output: beside -o under record, whatever KVCONV_PROBE_OUTPUT says).
 ENGINE = r"""
-import lzma, shutil, sys
+import lzma, os, shutil, sys
 from kvconv.capture.engines._hooks import probe_output
-import os
 tracer, probe, engine = sys.argv[1:4]
-with lzma.open(tracer) as src, open(os.environ["KVCONV_OUTPUT"], "wb") as dst:
-    shutil.copyfileobj(src, dst)
-path, why = probe_output(engine)
-with lzma.open(probe) as src, open(path, "wb") as dst:
-    shutil.copyfileobj(src, dst)
-print(f"kvconv {engine} plugin: probe dump {path} ({why})", file=sys.stderr)
+for src_path, dst_path in ((tracer, os.environ["KVCONV_OUTPUT"]), (probe, probe_output(engine)[0])):
+    with (lzma.open if src_path.endswith(".xz") else open)(src_path, "rb") as src, open(dst_path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+print(f"kvconv {engine} plugin: probe dump {probe_output(engine)[0]} ({probe_output(engine)[1]})", file=sys.stderr)
 """
 
 
@@ -170,3 +167,20 @@ def test_plugins_write_beside_o_under_record_whatever_a_harness_says(monkeypatch
     monkeypatch.setenv("KVCONV_VALUE", "1")
     meta = probe_metadata("sglang")
     assert meta["pid"] == pid and meta["asked"]["engine"] == "sglang" and meta["asked"]["value"] is True
+
+
+def test_record_of_the_sglang_run_is_invalid_by_its_probe_and_says_writes_did_not_run(tmp_path, fake_lib):  # noqa: F811
+    script = tmp_path / "engine.py"
+    script.write_text(ENGINE)
+    sched = tmp_path / "sched.kvdump"
+    _asked_dump(sched, {"writes": True, "value": False, "engine": "sglang", "capture_range": "profiler"})
+    out = tmp_path / "run.kvdump"
+    r = run_cli("record", "-k", "store_kvcache", "--writes", "--engine", "sglang", "--capture-range", "profiler",
+                "-o", str(out), "--", sys.executable, str(script), str(sched), str(SGLANG_PROBE), "sglang")
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    probe = next(tmp_path.glob("run.sglang-*.probe.kvdump"))
+    assert f"{out} (pid 4855, parent 4801: ): NOTHING CHECKED (nothing of what was asked ran here)" in lines, lines
+    assert any(ln.startswith("warning asked-unchecked --writes") for ln in lines), lines
+    assert lines[-1] == (f"run of 2 dumps: INVALID: {probe} (canary-unexpected-write, canary-missing-write); "
+                         "1 warning of the run"), lines
