@@ -15,9 +15,11 @@ writer), ``check`` (the passes and the verdict), ``emit`` (perfetto, chrome, arr
 from kvconv.version import __version__ as __version__
 
 
-def open(paths, *, options=None):  # noqa: A001 - kvconv.open, as Perfetto's TraceProcessor(trace) opens a trace
+def open(paths, *, options=None, whole_run=True):  # noqa: A001 - kvconv.open, as Perfetto's TraceProcessor(trace)
     """The run of one dump or of several (one engine run's processes): a :class:`kvconv.run.Run`, whose readers,
-    checks, verdict, tables and converters are computed when first asked for (README.md, "From Python")."""
-    from kvconv.run import Run, RunOptions
+    checks, verdict, tables and converters are computed when first asked for (README.md, "From Python").
+    ``whole_run``: with the run's other dumps found beside the paths (:func:`kvconv.run.open`)."""
+    from kvconv.run import RunOptions
+    from kvconv.run import open as open_run
 
-    return Run(paths, options=options if options is not None else RunOptions())
+    return open_run(paths, options=options if options is not None else RunOptions(), whole_run=whole_run)

@@ -106,6 +106,21 @@ class DumpRun:
             self._reader.close()
             self._reader = None
 
+    def metadata_or_none(self) -> dict | None:
+        """The dump's run metadata from its reader (which the run's other views share); None where it cannot be
+        read (the verdict says why)."""
+        import warnings
+
+        from kvconv.format.errors import KvconvError
+
+        try:
+            with warnings.catch_warnings():  # an unfinished dump's warning is its validation's to say
+                warnings.simplefilter("ignore")
+                meta = self.reader.metadata()
+        except (KvconvError, OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
     @cached_property
     def validation(self):
         """kvconv validate's report (:class:`kvconv.check.validate.Report`): every pass's findings, the incidents,
@@ -226,10 +241,12 @@ class Run:
     """A run of one or several dumps (module docstring). A context manager: ``with kvconv.open(p) as run: ...``
     closes the readers it opened."""
 
-    def __init__(self, paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions()) -> None:
+    def __init__(self, paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions(),
+                 one_run: bool = False) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.options = options
+        self.one_run = one_run  # the dumps are one run whatever their metadata says (what kvconv record ran)
         self.dumps: tuple[DumpRun, ...] = tuple(DumpRun(p, options) for p in paths)
         if not self.dumps:
             from kvconv.format.errors import UsageError
@@ -261,18 +278,47 @@ class Run:
 
     @property
     def exit_code(self) -> int:
-        """The run's exit status: the worst of its dumps'; the processes of one run as one (a process that ran no
-        target kernel does not make it nothing-checked: :func:`kvconv.check.runs.set_exit`)."""
-        from kvconv.check.runs import of_run
+        """The run's exit status: its :attr:`verdict`'s."""
+        from kvconv.check.verdict import EXIT_CODES
 
-        return of_run(self.paths, [d.exit_code for d in self.dumps])
+        return EXIT_CODES[self.verdict]
 
     @property
     def verdict(self) -> str:
-        """The run's verdict: the verdict whose exit status is :attr:`exit_code`."""
-        from kvconv.check.verdict import EXIT_CODES
+        """The run's one verdict (:func:`kvconv.check.runs.judge`, :func:`kvconv.check.verdict.of_run`): each run
+        among its dumps (the processes and probe dumps of one engine run) judged as one, the worst of them; a
+        process that ran no target kernel does not make a checked run nothing-checked; what was asked and ran in
+        none of its dumps (:attr:`run_findings`) is judged with them."""
+        from kvconv.check.verdict import worst
 
-        return next(v for v, code in EXIT_CODES.items() if code == self.exit_code)
+        return worst(j.verdict for j in self.judged)
+
+    @property
+    def run_findings(self) -> list:
+        """The findings of the run as a whole (:func:`kvconv.check.asked.of_run`): each check asked for that none of
+        its dumps ran (a dump's own findings are in :attr:`findings`)."""
+        return [f for j in self.judged for f in j.findings]
+
+    @property
+    def runs(self) -> list[set[int]]:
+        """The runs among its dumps (indices into :attr:`dumps`): the processes and probe dumps linked by their
+        metadata (:func:`kvconv.check.runs.split`); one for a lone dump or what kvconv record ran."""
+        if "_runs" not in vars(self):
+            from kvconv.check.runs import split
+
+            self._runs = split(self.paths, one=self.one_run, metas=[d.metadata_or_none() for d in self.dumps]
+                               if len(self.dumps) > 1 and not self.one_run else None)
+        return self._runs
+
+    @property
+    def judged(self) -> list:
+        """Each run among its dumps judged as one (:func:`kvconv.check.runs.judge`: dumps, verdict, findings)."""
+        if "_judged" not in vars(self):
+            from kvconv.check.runs import judge
+
+            reps = [d.validation for d in self.dumps]
+            self._judged = judge(self.paths, [r.verdict for r in reps], [r.asked for r in reps], per=self.runs)
+        return self._judged
 
     @property
     def findings(self) -> list:
@@ -390,6 +436,21 @@ class Run:
         return Path(self._tables_dir.name) / "tables"
 
 
-def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions()) -> Run:  # noqa: A001
-    """The run of one dump or of several (one engine run's processes): :class:`Run`."""
+def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions(),  # noqa: A001
+         whole_run: bool = True) -> Run:
+    """The run of one dump or of several (one engine run's processes): :class:`Run`.
+
+    Args:
+        paths: a dump, several, or a run's ``kvconv record -o`` path (literal or with %p).
+        options: how the dumps are read and checked.
+        whole_run: with every file of the run found beside them (:func:`kvconv.check.runs.find`: the other
+            processes' dumps, the engine plugins' probe dumps); False: the paths as given.
+
+    Returns:
+        The :class:`Run`; ``run.paths`` lists the dumps it holds.
+    """
+    if whole_run:
+        from kvconv.check.runs import find
+
+        paths = find([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
     return Run(paths, options=options)

@@ -74,8 +74,11 @@ def test_profiler_range_left_the_warm_up_flood_out():
 def test_every_process_has_its_own_dump_and_the_front_traced_nothing():
     front, child = _meta("range-profiler.kvdump.zst"), _meta("range-profiler.pid959.kvdump.zst")
     assert child["ppid"] == front["pid"] and child["output_owner_pid"] == str(front["pid"])
-    code, _ = _validate(CASE / "range-profiler.kvdump.zst")
-    assert code == 4  # the front ran no target kernel: nothing checked, alone
+    code, out = _validate(CASE / "range-profiler.kvdump.zst")  # the -o path: the child's dump is found beside it
+    assert [d["path"].rsplit("/", 1)[-1] for d in out["dumps"]] == ["range-profiler.kvdump.zst",
+                                                                    "range-profiler.pid959.kvdump.zst"]
+    assert out["dumps"][0]["exit"] == 4  # the front ran no target kernel: nothing checked, alone
+    assert code == 0 and out["run"]["verdict"] == "ok"  # which does not make the checked run nothing-checked
 
 
 def test_sigkilled_child_is_sealed_when_nothing_is_pending(tmp_path):

@@ -58,7 +58,8 @@ def test_env_has_every_setting():
     env = record.tracer_env(o, lib="/l.so", base={"KVCONV_CUPTI_LIB": "/x/libcupti.so.13"})
     assert env == {"CUDA_INJECTION64_PATH": "/l.so", "KVCONV_KERNELS": "a,b::c", "KVCONV_OUTPUT": "x-%p-%c.kvdump",
                    "KVCONV_EVENTS": "enter,exit", "KVCONV_DEVICE_CAPACITY": "10", "KVCONV_HOST_CAPACITY": "20",
-                   "KVCONV_CLOCK_SYNC_MS": "0", "KVCONV_VERBOSE": "2", "KVCONV_CUPTI_LIB": "/x/libcupti.so.13"}
+                   "KVCONV_CLOCK_SYNC_MS": "0", "KVCONV_VERBOSE": "2", "KVCONV_CUPTI_LIB": "/x/libcupti.so.13",
+                   "KVCONV_RECORD": "1"}
 
 
 def test_cupti_is_looked_for_only_for_durations(monkeypatch, tmp_path):

@@ -64,16 +64,20 @@ def test_processes_linked_into_one_run():
 
 
 def test_validate_reads_one_runs_dumps_as_one_run():
-    """validate on an engine's front (nothing checked) and its child (checked): the run's exit, not 4; an unrelated
-    nothing-checked dump beside them still counts."""
+    """validate on an engine's front (nothing checked) and its child (checked): the run's exit, not 4, whether the
+    child is named or found beside the front; an unrelated run's verdict beside them still counts."""
     case = FIXTURES / "h200-engine-procs"
     front, child = case / "range-profiler.kvdump.zst", case / "range-profiler.pid959.kvdump.zst"
     r = run_cli("validate", str(front), str(child))
     assert r.returncode == 0, r.stdout + r.stderr
     r = run_cli("validate", "--json", str(front), str(child))
     assert json.loads(r.stdout)["exit"] == 0
-    other = case / "spawn-sigkill-graph.kvdump.zst"  # another run's front: not linked to these
-    assert run_cli("validate", str(front), str(child), str(other)).returncode == 4
+    r = run_cli("validate", str(front))  # the -o path alone: its run's other dumps are found beside it
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "run of 2 dumps: valid", r.stdout
+    typo = next((FIXTURES / "h200-typo-pattern").glob("*.kvdump*"))  # another run, nothing checked: it counts
+    assert run_cli("validate", str(front), str(typo)).returncode == 4
+    other = case / "spawn-sigkill-graph.kvdump.zst"  # another run's front, its child killed: that run is incomplete
+    assert run_cli("validate", str(front), str(other)).returncode == 5
 
 
 def test_every_process_kept_and_reported(tmp_path, fake_lib):  # noqa: F811

@@ -14,6 +14,7 @@ command, finds the dump(s) it wrote (``%p``/``%c`` in the output expand to pid a
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -90,14 +91,32 @@ class RecordOptions:
 
 @dataclass
 class RecordResult:
+    """What :func:`record` ran and found: the command's exit status, every dump of the run (each process's tracer
+    dump, each engine plugin's probe dump), their validate reports and the run's one verdict."""
+
     returncode: int  # the command's exit status; 128+N when signal N killed it
     dumps: list[str] = field(default_factory=list)
     reports: list = field(default_factory=list)  # kvconv.check.validate.Report per dump (when validated)
     sealed: list = field(default_factory=list)  # dumps a killed process left live with nothing pending, now finished
+    run: object = None  # the kvconv.run.Run of the dumps (when validated in full)
+
+    @property
+    def verdict(self) -> str | None:
+        """The run's one verdict (:func:`kvconv.check.runs.judge`); None when not validated. A structural-only
+        report (validate could not run here) counts as ok or failed."""
+        if not self.reports:
+            return None
+        if self.run is not None:
+            return self.run.verdict
+        from kvconv.check.runs import judge
+
+        return judge(self.dumps, [getattr(r, "verdict", "ok" if r.valid else "failed") for r in self.reports],
+                     one=True)[0].verdict
 
     @property
     def valid(self) -> bool:
-        return all(r.valid for r in self.reports)
+        """No error in the run: its verdict is neither failed nor unreadable."""
+        return self.verdict not in ("failed", "unreadable")
 
 
 ENV_LIB = "KVCONV_TRACER_LIB"  # a prebuilt libkvconv_tracer.so (its fatbins beside it)
@@ -183,6 +202,9 @@ def tracer_env(options: RecordOptions, *, lib: str | os.PathLike, base: dict | N
         env["KVCONV_CAPTURE_RANGE_END"] = options.capture_range_end
     if options.engine is not None:
         env["KVCONV_ENGINE"] = options.engine
+    # the engine plugins write their probe dumps beside -o, named after it, whatever KVCONV_PROBE_OUTPUT says: record
+    # finds and judges them with the tracer's (kvconv.check.runs)
+    env["KVCONV_RECORD"] = "1"
     # a literal output belongs to the first traced process of this run (native/src/config.cpp); one inherited from
     # an outer traced process would make this run's first process write a .pid<N> name
     env.pop("KVCONV_OUTPUT_OWNER", None)
@@ -209,27 +231,19 @@ def find_cupti() -> str | None:
 
 
 def output_globs(output: str) -> list[str]:
-    """The globs that find every file an output can produce: the pattern itself and, for a literal path, the
-    ``<stem>.pid<N><ext>`` names of the processes other than the first (native/src/config.cpp)."""
-    first = output_glob(output)
-    if first != glob.escape(output):
-        return [first]
-    folder, name = os.path.split(output)
-    stem, ext = os.path.splitext(name) if not name.startswith(".") else (name, "")
-    return [first, os.path.join(glob.escape(folder), glob.escape(stem) + ".pid[0-9]*" + glob.escape(ext))]
+    """The globs that find every tracer dump an output can produce: the pattern itself and, for a literal path, the
+    ``<stem>.pid<N><ext>`` names of the processes other than the first (native/src/config.cpp); the engine
+    plugins' probe dumps beside them: :func:`kvconv.check.runs.globs`."""
+    from kvconv.check.runs import globs
+
+    return globs(output)[0]
 
 
 def output_glob(output: str) -> str:
     """The glob that finds every file an output pattern can produce."""
-    out, i = [], 0
-    while i < len(output):
-        if output[i] == "%" and i + 1 < len(output) and output[i + 1] in "pc%":
-            out.append("*" if output[i + 1] != "%" else "%")
-            i += 2
-        else:
-            out.append(glob.escape(output[i]))
-            i += 1
-    return "".join(out)
+    from kvconv.check.runs import pattern_glob
+
+    return pattern_glob(output)
 
 
 def check_output(output: str, *, force: bool = False) -> None:
@@ -257,7 +271,10 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
     check_output(options.output, force=options.force)
     lib = find_library(build=options.build)
     env = tracer_env(options, lib=lib)
-    patterns = output_globs(options.output)
+    from kvconv.check.runs import globs
+
+    tracer, probes = globs(options.output)  # every dump of the run: each process's, each plugin's probe dump
+    patterns = tracer + probes
     before = {p: os.stat(p).st_mtime_ns for pat in patterns for p in glob.glob(pat)}
     start = time.time_ns()
     try:
@@ -276,16 +293,16 @@ def record(cmd: list[str], *, options: RecordOptions = RecordOptions()) -> Recor
             signal.signal(s, h)
     dumps = sorted({p for pat in patterns for p in glob.glob(pat)
                     if ".tmp." not in p and (p not in before or os.stat(p).st_mtime_ns != before[p])
-                    and os.stat(p).st_mtime_ns >= start - 2_000_000_000})
+                    and os.stat(p).st_mtime_ns >= start - 2_000_000_000},
+                   key=lambda p: (any(fnmatch.fnmatchcase(p, g) for g in probes), p))  # tracer dumps first
     _wait_for_writers(dumps)
     from kvconv.capture.seal import seal
 
     sealed = [p for p in dumps if seal(p) == "sealed"]  # an engine's SIGKILLed child (kvconv.capture.seal)
     # killed by signal N (Popen says -N): 128+N, as shells and nsys give (a raw -6 would exit 250)
     res = RecordResult(returncode=rc if rc >= 0 else 128 - rc, dumps=dumps, sealed=sealed)
-    if options.validate:
-        for p in dumps:
-            res.reports.append(validate_dump(p))
+    if options.validate and dumps:
+        res.run, res.reports = validate_run(dumps)
     return res
 
 
@@ -316,13 +333,25 @@ class _StructuralReport:
         return not any(f.severity == "error" for f in self.findings)
 
 
+def validate_run(dumps: list[str]) -> tuple:
+    """The run of ``dumps`` (:class:`kvconv.run.Run`, judged as one) and each dump's validate report; where validate
+    cannot run here (e.g. jsonschema missing on a GPU image): no run, and a structural read of each dump."""
+    try:
+        from kvconv.run import Run
+
+        run = Run(dumps, one_run=True)  # every dump this command wrote is its run's
+        return run, [d.validation for d in run.dumps]
+    except ModuleNotFoundError:
+        return None, [validate_dump(p) for p in dumps]
+
+
 def validate_dump(path: str):
     """kvconv.check.validate on one dump; where it cannot run (e.g. jsonschema missing on a GPU image), a structural
     read with :func:`kvconv.format.dump.open` and a warning saying so."""
     try:
         import kvconv
 
-        return kvconv.open(path).dumps[0].validation
+        return kvconv.open(path, whole_run=False).dumps[0].validation
     except ModuleNotFoundError as e:
         from kvconv.format import dump
         from kvconv.format.findings import Finding

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvconv.format import codes
 from kvconv.format import dump as dumpmod
@@ -57,6 +58,7 @@ class Report:
     size: int = 0
     incidents: list[dict] = field(default_factory=list)  # kvconv.check.verdict.incidents: findings by cause
     passes: dict = field(default_factory=dict, repr=False)  # name -> kvconv.check.passes.PassResult, in order
+    asked: Any = field(default=None, repr=False)  # kvconv.check.asked.Asked: what was asked, what the dump holds
 
     @property
     def errors(self) -> int:
@@ -140,6 +142,10 @@ def conclude(rep: Report, st) -> None:
     cov = verdict.coverage(st.d, canary_steps=_checked(st, "canary"), write_steps=_checked(st, "writes"))
     if cov is not None:
         rep.findings.append(cov)
+    from kvconv.check import asked  # what was asked and did not run here: said, never a plain pass
+
+    rep.asked = asked.of_dump(st.d)
+    rep.findings += asked.findings(st.d, rep.asked)
     rep.incidents = verdict.incidents(rep.findings, st.results)
 
 

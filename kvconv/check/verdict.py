@@ -56,6 +56,10 @@ def exit_code(verdict: str) -> int:
     return EXIT_CODES[verdict]
 
 
+# the findings that say nothing was verified: no target launch traced, or none of the checks the user asked for ran
+NOTHING = frozenset({"coverage-none", "asked-nothing-checked"})
+
+
 def judge(findings: list[Finding]) -> str:
     """The verdict of a dump's findings (every check's, ``coverage-none`` and ``unfinished`` included)."""
     from kvconv.format import codes
@@ -66,11 +70,38 @@ def judge(findings: list[Finding]) -> str:
     if errors:
         return "failed"
     found = {f.code for f in findings}
-    if "coverage-none" in found:
+    if found & NOTHING:
         return "nothing-checked"
     if "unfinished" in found:
         return "incomplete"
     return "ok"
+
+
+def worst(verdicts) -> str:
+    """The worst of some verdicts by their rank (schemas/codes.json: unreadable, failed, nothing-checked, incomplete,
+    ok); ok for none.
+
+        >>> worst(["ok", "incomplete", "failed"]), worst([])
+        ('failed', 'ok')
+    """
+    return max(verdicts, key=RANK.__getitem__, default="ok")
+
+
+def of_run(verdicts: list[str], findings: list[Finding] = ()) -> str:
+    """The one verdict of a run: its dumps' verdicts (each process's tracer dump, each engine plugin's probe dump)
+    and the run's own findings (:func:`kvconv.check.asked.of_run`: what was asked and ran in none of its dumps).
+
+    The worst of the dumps that checked something: a dump that checked nothing (a front end that ran no target
+    kernel, a tracer dump whose asked checks ran in the probe dump) does not make a checked run nothing-checked; the
+    run is nothing-checked when none of its dumps checked anything or when nothing it was asked for ran anywhere.
+
+        >>> of_run(["nothing-checked", "ok"]), of_run(["nothing-checked", "nothing-checked"])
+        ('ok', 'nothing-checked')
+        >>> of_run(["ok", "failed", "incomplete"]), of_run(["nothing-checked", "failed"]), of_run([])
+        ('failed', 'failed', 'ok')
+    """
+    checked = [v for v in verdicts if v != "nothing-checked"]
+    return worst([*(checked or verdicts), judge(list(findings))])
 
 
 # ---------------------------------------------------------------------------------------------------- coverage

@@ -47,7 +47,7 @@ def canary_cmd(
     from kvconv.progress import Progress, ProgressOptions
     from kvconv.run import RunOptions
 
-    run = kvconv.open(dump_path, options=RunOptions(salvage=salvage, missing_writes=not no_missing))
+    run = kvconv.open(dump_path, whole_run=False, options=RunOptions(salvage=salvage, missing_writes=not no_missing))
     dr = run.dumps[0]
     try:
         with Progress(f"canary {dump_path.name}", total=0, size_bytes=None,

@@ -140,8 +140,9 @@ def worst(outcomes: Iterable[Outcome]) -> int:
     return of_run([o.path for o in outcomes], [o.exit for o in outcomes])
 
 
-def envelope(command: str, outcomes: list[Outcome], **extra) -> dict:
-    """The ``--json`` document of every command (module docstring, docs/CLI.md)."""
+def envelope(command: str, outcomes: list[Outcome], *, code: int | None = None, **extra) -> dict:
+    """The ``--json`` document of every command (module docstring, docs/CLI.md); ``code``: the exit status when the
+    command judged the run itself (:attr:`kvconv.run.Run.exit_code`), else the outcomes' (:func:`worst`)."""
     dumps = []
     for o in outcomes:
         entry = {"path": o.path, "ok": o.exit == 0, "exit": o.exit}
@@ -150,7 +151,7 @@ def envelope(command: str, outcomes: list[Outcome], **extra) -> dict:
         if o.error is not None:
             entry["error"] = o.error.to_dict()
         dumps.append(entry)
-    code = worst(outcomes)
+    code = worst(outcomes) if code is None else code
     return {"kvconv": __version__, "command": command, "ok": code == 0, "exit": code, "dumps": dumps, **extra}
 
 
@@ -207,15 +208,16 @@ def open_or_finish(command: str, path: Path, options, *, as_json: bool):
         raise
 
 
-def finish(command: str, outcomes: list[Outcome], *, as_json: bool, trailer: str = "", **extra) -> None:
+def finish(command: str, outcomes: list[Outcome], *, as_json: bool, trailer: str = "", code: int | None = None,
+           **extra) -> None:
     """Print every outcome (the JSON envelope, or each dump's text then ``trailer``), each error as one ``Error:``
-    line on stderr, and exit with the worst status."""
+    line on stderr, and exit with the worst status (``code``: the run's, where the command judged it)."""
     for o in outcomes:
         if o.error is not None:
             sys.stderr.write(f"Error: {o.error}\n")
     sys.stderr.flush()
     if as_json:
-        print_json(envelope(command, outcomes, **extra))
+        print_json(envelope(command, outcomes, code=code, **extra))
     else:
         parts = [o.text for o in outcomes if o.error is None and o.text]
         if trailer:
@@ -223,7 +225,42 @@ def finish(command: str, outcomes: list[Outcome], *, as_json: bool, trailer: str
         if parts:
             sys.stdout.write("\n".join(parts) + "\n")
     sys.stdout.flush()
-    raise typer.Exit(worst(outcomes))
+    raise typer.Exit(worst(outcomes) if code is None else code)
+
+
+def run_lines(run, *, always: bool = False) -> list[str]:
+    """The runs' own lines, after their dumps' (validate, report, record): for each run of several dumps or with
+    findings of its own (what was asked and ran in none of its dumps; ``always``: every run), those findings and its
+    one verdict, naming the dump that decided it and its findings' codes. Lone dumps that say it all: none."""
+    from kvconv.check import verdict
+    from kvconv.wording import counted
+
+    out = []
+    for j in run.judged:
+        if len({run.dumps[i].path for i in j.dumps}) < 2 and not j.findings and not always:
+            continue
+        dumps = [run.dumps[i] for i in j.dumps]
+        worst = [d for d in dumps if d.verdict == j.verdict] if j.verdict != "ok" else []
+        why = ""
+        if worst:
+            sev = "error" if j.verdict in ("failed", "unreadable") else "warning"
+            codes = list(dict.fromkeys(i["code"] for i in worst[0].incidents if i["severity"] == sev))
+            named = f" ({', '.join(codes[:3])}{', ...' if len(codes) > 3 else ''})" if codes else ""
+            why = f": {worst[0].path}{named}" + (f" and {len(worst) - 1:,} more" if len(worst) > 1 else "")
+        warn = sum(f.severity == "warning" for f in j.findings)
+        more = f"; {counted(warn, 'warning')} of the run" if warn else ""
+        out += [f.line() for f in j.findings]
+        out.append(f"run of {counted(len(dumps), 'dump')}: {verdict.LABELS[j.verdict]}{why}{more}")
+    return out
+
+
+def run_json(run) -> dict:
+    """The envelope's ``run`` entry (schemas/cli.schema.json) of a run of several dumps or with findings of its own:
+    its one verdict, exit status, dumps and findings as a whole; nothing for a lone dump that says it all."""
+    if not any(len({run.dumps[i].path for i in j.dumps}) > 1 or j.findings for j in run.judged):
+        return {}
+    return {"run": {"verdict": run.verdict, "exit": run.exit_code, "dumps": run.paths,
+                    "findings": [f.to_dict() for f in run.run_findings]}}
 
 
 # ---- the verdict, where a command states it beside its own job ------------------------------------------------------

@@ -25,6 +25,8 @@ from kvconv.cli.common import (
     judged,
     output_option,
     renamed,
+    run_json,
+    run_lines,
 )
 from kvconv.format.findings import Finding
 from kvconv.names import demangle, demangle_text
@@ -92,7 +94,7 @@ def _info_one(path: Path, options, popts) -> Outcome:
     from kvconv.format.info import describe
     from kvconv.progress import Progress
 
-    run = kvconv.open(path, options=options)
+    run = kvconv.open(path, options=options, whole_run=False)
     with warnings.catch_warnings(), run:
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
         d = run.reader
@@ -115,20 +117,20 @@ def _info_one(path: Path, options, popts) -> Outcome:
 _VERDICT_KEYS = ("verdict", "exit_code", "errors", "warnings", "incidents")
 
 
-def _validate_one(path: Path, options, popts=None, *, all_findings: bool = False) -> Outcome:
-    import kvconv
+def _validate_one(dr, popts=None, *, all_findings: bool = False) -> Outcome:
+    """One dump of the run (a :class:`kvconv.run.DumpRun`) validated: its outcome, text or one-line error."""
     from kvconv.progress import Progress, ProgressOptions
 
+    path = Path(dr.path)
     try:
         size = path.stat().st_size
     except OSError:
         size = 0
-    run = kvconv.open(path, options=options)
     with Progress(f"validate {path.name}", total=size, size_bytes=size or None,
                   options=popts or ProgressOptions(enabled=False)) as bar:
-        run.dumps[0].progress = bar.update
-        r = run.validation
-    error = run.dumps[0].unreadable_error()
+        dr.progress = bar.update
+        r = dr.validation
+    error = dr.unreadable_error()
     if error is not None:  # unreadable input: the one-line error goes to stderr, like every other command's errors
         return Outcome(r.path, r.exit_code, r.to_dict(), error=error)
     return Outcome(r.path, r.exit_code, r.to_dict(), text="\n".join(_verdict_lines(r, all_findings=all_findings)))
@@ -186,19 +188,26 @@ def validate(
     progress: bool | None = PROGRESS,
     quiet: bool = QUIET,
 ) -> None:
-    """Run every check the dump allows (structure, schema, reconcile, location and write canaries, coverage) and
-    give one verdict: exit 0 ok, 1 failed (errors), 2 unreadable, 4 nothing checked, 5 incomplete (the producer
-    died). Findings of one cause are one incident line; --all and --json keep every finding.
+    """Run every check the dump allows (structure, schema, reconcile, location and write canaries, coverage, what
+    was asked) and give one verdict: exit 0 ok, 1 failed (errors), 2 unreadable, 4 nothing checked, 5 incomplete
+    (the producer died). Findings of one cause are one incident line; --all and --json keep every finding.
+
+    A run is every dump it wrote: given a dump or kvconv record's -o path (literal or with %p), the other
+    processes' dumps (<stem>.pid<N>.kvdump) and the engine plugins' probe dumps (<stem>.<engine>-<pid>.probe.kvdump)
+    found beside it are validated with it, and the run gets one verdict (its last line).
 
     Example: kvconv validate run.kvdump
     """
+    import kvconv
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions
 
     opts = RunOptions(reconcile=not no_reconcile, relaxed=relaxed, salvage=salvage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    finish("validate", each(dumps, lambda p: _validate_one(p, opts, popts, all_findings=all_findings)),
-           as_json=as_json)
+    run = kvconv.open(dumps, options=opts)  # every dump of the run(s) named: other processes', probe dumps
+    outcomes = each(run.dumps, lambda dr: _validate_one(dr, popts, all_findings=all_findings))
+    finish("validate", outcomes, as_json=as_json, trailer="\n".join(demangle_text(x) for x in run_lines(run)),
+           code=run.exit_code, **run_json(run))
 
 
 @app.command()

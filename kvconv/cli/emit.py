@@ -123,7 +123,7 @@ def command(fmt: Format):
             raise UsageError("--json prints its document on stdout: give -o PATH for the output", code="bad-output")
         if not kind.get("append"):  # a signal once it is in place keeps it, and says so
             interrupt.output(out)
-        the_run = kvconv.open(dumps, options=RunOptions(salvage=salvage))
+        the_run = kvconv.open(dumps, whole_run=False, options=RunOptions(salvage=salvage))
         try:
             res = _write(the_run, out, reconcile, chunk, progress, force, quiet or as_json, fmt_, kind)
         except KvconvError as e:

@@ -55,8 +55,8 @@ def reconcile_cmd(
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions
 
-    run = kvconv.open(dump_paths, options=RunOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage,
-                                                     salvage=salvage))
+    opts = RunOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage, salvage=salvage)
+    run = kvconv.open(dump_paths, options=opts, whole_run=False)
     run.options.reconcile_options()  # a bad --join is refused before any work
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
     done: list[tuple] = []  # (path, result, its JSON, nothing checked)

@@ -1,4 +1,4 @@
-"""``kvconv record``: run a command under the native tracer, then validate what it wrote.
+"""``kvconv record``: run a command under the native tracer, then judge the run: every dump it wrote.
 
     $ kvconv record --kernel reshape_and_cache_flash_kernel -o run.kvdump -- python3 serve.py
 """
@@ -64,16 +64,23 @@ def record(
     capture_range_end: str | None = _CAPTURE_RANGE_END,
     engine: str | None = _ENGINE,
 ) -> None:
-    """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then validate the dump(s) it wrote.
+    """Run CMD under the kvconv tracer (CUDA_INJECTION64_PATH), then judge the run: every dump it wrote.
 
     Every CUDA process of the command writes its own dump: with a path without %p the first one writes it and every
     other (an engine's scheduler or worker) writes <stem>.pid<N><ext> beside it. Each is reported with its process.
 
-    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else the worst verdict
-    over the processes that ran a target kernel (1 failed, 5 incomplete), 4 (nothing checked) when none did (e.g. no
-    kernel matched -k), 1 when no dump was written, else 0.
+    The run is every dump it wrote: each process's tracer dump and each probe dump of the engine plugins (--engine:
+    <stem>.<engine>-<pid>.probe.kvdump beside -o, whatever KVCONV_PROBE_OUTPUT says). Each dump gets its line, then
+    the run gets ONE verdict line, as kvconv validate of the -o path gives it.
+
+    Exit code: the command's own if it failed (128+N when signal N killed it, as shells give), else the run's
+    verdict: the worst over its dumps that checked something (1 failed: a bug caught in any dump, a probe dump's
+    included; 5 incomplete), 4 (nothing checked) when none did (e.g. no kernel matched -k) or nothing that was asked
+    (--writes, --engine) ran in any dump, 1 when no dump was written, else 0.
 
     Example: kvconv record -k reshape_and_cache_flash_kernel -o run.kvdump -- python3 decode.py
+
+    Example: kvconv record -k reshape_and_cache_flash_kernel --writes --engine vllm -o run.kvdump -- python3 serve.py
 
     Example: kvconv record -k store_kvcache --capture-range graph -o run.kvdump -- python3 serve.py
     """
@@ -97,15 +104,28 @@ def record(
     for p in res.sealed:
         sys.stdout.write(f"{p}: sealed: its process was killed after every record it launched was in the file "
                          "(no end record: kvconv.capture.seal)\n")
-    exits = [_report_dump(p, res.reports[i] if i < len(res.reports) else None) for i, p in enumerate(res.dumps)]
-    from kvconv.check.runs import set_exit
+    for i, p in enumerate(res.dumps):
+        _report_dump(p, res.reports[i] if i < len(res.reports) else None)
+    v = res.verdict  # the run's one verdict: every dump, tracer's and probe, judged as one (kvconv.check.verdict)
+    if v is not None:
+        from kvconv.cli.common import run_lines
+        from kvconv.names import demangle_text
 
-    raise typer.Exit(res.returncode or set_exit(exits))
+        if res.run is not None:
+            lines = run_lines(res.run, always=True)
+        else:
+            from kvconv.check.verdict import LABELS
+
+            lines = [f"run of {len(res.dumps)} dump{'s' * (len(res.dumps) != 1)}: {LABELS[v]}"]
+        sys.stdout.write("".join(demangle_text(x) + "\n" for x in lines))
+    from kvconv.check.verdict import EXIT_CODES
+
+    raise typer.Exit(res.returncode or (EXIT_CODES[v] if v is not None else 0))
 
 
-def _report_dump(p: str, rep) -> int | None:
-    """Print one process's dump: its incidents, then path, process and verdict. Returns its exit status (None: not
-    validated)."""
+def _report_dump(p: str, rep) -> None:
+    """Print one dump of the run (a process's tracer dump, a plugin's probe dump): its incidents, then path, process
+    and verdict."""
     from kvconv.capture.record import process_of
 
     proc = process_of(p)
@@ -115,7 +135,7 @@ def _report_dump(p: str, rep) -> int | None:
         who = f" (pid {proc['pid']}, parent {proc.get('ppid', '?')}: {cmd[:80]}{'...' if len(cmd) > 80 else ''})"
     if rep is None:
         sys.stdout.write(f"{p}{who}: written (not validated)\n")
-        return None
+        return
     from kvconv.check.verdict import line
     from kvconv.names import demangle_text
 
@@ -123,13 +143,18 @@ def _report_dump(p: str, rep) -> int | None:
     for text in ([line(i) for i in incidents] if incidents is not None
                  else [f.line() for f in rep.findings if f.severity != "info"]):
         sys.stdout.write(demangle_text(text) + "\n")  # kernel names demangled, as kvconv validate's text
-    # the one verdict (kvconv.check.verdict) and its exit status; a structural-only report: valid or not
-    from kvconv.check.verdict import EXIT_CODES, LABELS
+    # the dump's verdict (kvconv.check.verdict); a structural-only report: valid or not
+    from kvconv.check.verdict import LABELS
 
     v = getattr(rep, "verdict", "ok" if rep.valid else "failed")
-    word = LABELS[v] + (" (no target kernel ran here)" if v == "nothing-checked" else "")
+    word = LABELS[v] + (f" ({_nothing_why(rep)})" if v == "nothing-checked" else "")
     sys.stdout.write(f"{p}{who}: {word}\n")
-    return EXIT_CODES[v]
+
+
+def _nothing_why(rep) -> str:
+    """Why a dump of the run checked nothing, in a few words."""
+    codes = {f.code for f in rep.findings}
+    return "no target kernel ran here" if "coverage-none" in codes else "nothing of what was asked ran here"
 
 
 def record_events(option: str | None) -> str:

@@ -7,12 +7,14 @@ compared; exit 1 beyond thresholds). Both read each dump once (:mod:`kvconv.look
     ...
     ok: no change beyond the thresholds
 
-Both read each dump's one verdict (kvconv validate's: :mod:`kvconv.check.verdict`) and state it. report: once the
-page is written (its verdict, incidents and findings are in it), the worst dump's verdict exit status (0 ok, 1 failed,
-4 nothing checked, 5 incomplete: schemas/codes.json ``verdicts``); 2 when a dump cannot be read or the output may
-not be written (nothing is written then). diff: 0 no check beyond the thresholds, 1 otherwise (B's verdict worse than
-A's, or an incident of B that A has not, counts), 2 unreadable; --json prints the envelope of every command
-(schemas/cli.schema.json) with the comparison as ``diff``. docs/REPORT.md.
+Both read each dump's one verdict (kvconv validate's: :mod:`kvconv.check.verdict`) and state it; a dump's run (the
+other dumps found beside it: other processes', the engine plugins' probe dumps, :func:`kvconv.check.runs.find`) is
+judged as one. report: once the page is written (its verdict, incidents and findings are in it), the run's
+verdict exit status (0 ok, 1 failed, 4 nothing checked, 5 incomplete: schemas/codes.json ``verdicts``); 2 when a
+dump cannot be read or the output may not be written (nothing is written then). diff: 0 no check beyond the
+thresholds, 1 otherwise (B's verdict worse than A's, or an incident of B that A has not, counts), 2 unreadable;
+--json prints the envelope of every command (schemas/cli.schema.json) with the comparison as ``diff``.
+docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def report_cmd(
     """
     import kvconv
     from kvconv.cli import interrupt
-    from kvconv.cli.common import Outcome, envelope, finish, print_json, verdict_warnings
+    from kvconv.cli.common import Outcome, envelope, finish, print_json, run_json, verdict_warnings
     from kvconv.format.atomic import check_output
     from kvconv.format.errors import KvconvError, UsageError
     from kvconv.progress import ProgressOptions
@@ -90,7 +92,7 @@ def report_cmd(
     if as_json:  # the page is written for every readable dump; each dump's result is its verdict
         outs = [Outcome(dr.path, dr.exit_code, {"verdict": dr.verdict, "incidents": len(dr.incidents)})
                 for dr in run.dumps]
-        print_json(envelope("report", outs, output=page))
+        print_json(envelope("report", outs, output=page, code=run.exit_code, **run_json(run)))
     else:
         if not quiet:
             where = "stdout" if output == "-" else output
@@ -99,7 +101,13 @@ def report_cmd(
                 f"{counted(page['bytes'], 'byte')}\n")
             sys.stdout.flush()
         verdict_warnings(run, done="the page was written")  # as the converters say it, -q or not
-    code = max(dr.exit_code for dr in run.dumps)
+        if not quiet:
+            from kvconv.cli.common import run_lines
+            from kvconv.names import demangle_text
+
+            sys.stdout.write("".join(demangle_text(x) + "\n" for x in run_lines(run)))
+            sys.stdout.flush()
+    code = run.exit_code  # the run's one verdict: every dump found with the ones named (kvconv.check.verdict)
     if code:
         raise typer.Exit(code)
 
@@ -137,7 +145,7 @@ def diff_cmd(
 
     opts = diff.DiffOptions(max_median_change=max_median_change, max_p99_change=max_p99_change,
                             noise_factor=noise_factor, max_drops=max_drops)
-    run = kvconv.open([a, b], options=RunOptions(join=join, salvage=salvage))
+    run = kvconv.open([a, b], options=RunOptions(join=join, salvage=salvage), whole_run=False)  # the two compared
     run.options.reconcile_options()
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
     outcomes, profiles = [], []
@@ -149,7 +157,8 @@ def diff_cmd(
             if not as_json:
                 raise
             outcomes.append(Outcome(dr.path, e.exit_code, error=e))
-    res = (diff.compare(profiles[0][1], profiles[1][1], options=opts, verdicts=(profiles[0][0], profiles[1][0]))
+    sides = [_run_side(dr, v) for dr, (v, _) in zip(run.dumps, profiles)]
+    res = (diff.compare(profiles[0][1], profiles[1][1], options=opts, verdicts=tuple(sides))
            if len(profiles) == 2 else None)
     code = max([o.exit for o in outcomes] + [res["exit"] if res else 0])
     if as_json:
@@ -162,6 +171,22 @@ def diff_cmd(
         sys.stdout.write("\n".join(demangle_text(x) for x in diff.lines(res)) + "\n")
     sys.stdout.flush()
     raise typer.Exit(code)
+
+
+def _run_side(dr, v: dict) -> dict:
+    """A side of the diff judged as its run, the verdict compared: ``v`` (validate's dict of the dump compared) with
+    the run's one verdict and every dump's incidents where other dumps of its run lie beside it (other processes',
+    the engine plugins' probe dumps: :func:`kvconv.check.runs.find`)."""
+    from kvconv.check.runs import find
+    from kvconv.run import Run
+
+    paths = find([dr.path])
+    if len(paths) < 2:
+        return v
+    whole = Run(paths, options=dr.options)
+    whole.dumps[0].adopt(dr.validation)  # the dump compared, validated once
+    incidents = [dict(i, message=i["message"].replace(d.path, "")) for d in whole.dumps for i in d.incidents]
+    return dict(v, verdict=whole.verdict, incidents=incidents)
 
 
 def _summary(v: dict, p) -> dict:

@@ -132,6 +132,13 @@ def process_of(path: str) -> dict:
             meta = d.metadata() or {}
     except (KvconvError, OSError, ValueError):
         return {}
+    return process_in(meta)
+
+
+def process_in(meta: dict) -> dict:
+    """:func:`process_of` of a dump's metadata already read."""
+    if not isinstance(meta, dict):
+        return {}
     run = meta.get("run", meta)
     keys = ("pid", "ppid", "command", "written_at", "hostname", "output_owner_pid")
     return {k: run.get(k, meta.get(k)) for k in keys}

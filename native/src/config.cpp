@@ -123,6 +123,13 @@ void load_config() {
     if (!strcmp(ss, "own") || !strcmp(ss, "legacy")) g_cfg.sync_stream = ss;
     else logf(0, "warning: KVCONV_SYNC_STREAM=%s is not legacy or own; using legacy", ss);
   }
+  // what was asked, recorded as asked (the metadata's `asked`): KVCONV_WRITES as writes.cpp reads it
+  const char* wr = getenv("KVCONV_WRITES");
+  g_cfg.asked_writes = wr && *wr && strcmp(wr, "0") != 0;
+  const char* val = getenv("KVCONV_VALUE");
+  g_cfg.asked_value = val && !strcmp(val, "1");  // the engine plugins' value probe (kvconv.capture.engines)
+  if (const char* en = getenv("KVCONV_ENGINE"); en && *en) g_cfg.asked_engine = en;
+  if (const char* cr = getenv("KVCONV_CAPTURE_RANGE"); cr && *cr && strcmp(cr, "none")) g_cfg.asked_range = cr;
   std::string dir = self_dir();
   const char* pf = getenv("KVCONV_PATCH_FILE");
   g_cfg.patch_file = pf && *pf ? pf : dir + "/kvconv_patch.fatbin";

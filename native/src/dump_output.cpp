@@ -41,6 +41,11 @@ static void write_settings(kvconv::JsonWriter& j) {
   j.kv("callbacks", std::string(g_cfg.no_callbacks ? "none" : g_cfg.whole_domains ? "domains" : "minimal") +
                         (g_cfg.graph_callbacks ? (g_cfg.whole_domains ? ",graph-nodes" : ",graph-learn")
                                                : ",no-graph-nodes"));
+  // what the user asked to check: a check asked for that left no record is said, never passed (kvconv.check.asked)
+  j.key("asked").begin_object().kv("writes", g_cfg.asked_writes).kv("value", g_cfg.asked_value);
+  if (!g_cfg.asked_engine.empty()) j.kv("engine", g_cfg.asked_engine);
+  if (!g_cfg.asked_range.empty()) j.kv("capture_range", g_cfg.asked_range);
+  j.end_object();
 }
 
 // The metadata of the live file: what is known at start. Counters are the group headers' (record_count,

@@ -61,6 +61,10 @@ struct Config {
   std::string patch_file, clocksync_file, calib_cupti_file;
   std::string output_owner;      // with a literal output: the pid whose output it is (KVCONV_OUTPUT_OWNER)
   bool python_exit_hook = true;  // KVCONV_PYTHON_EXIT_HOOK=0: leave os._exit alone (exit_paths.cpp)
+  // what the user asked the run to check (metadata `asked`, kvconv.check.asked): kvconv record --writes, --engine,
+  // the value probe, --capture-range, as the environment gives them to every traced process
+  bool asked_writes = false, asked_value = false;
+  std::string asked_engine, asked_range;
 };
 extern Config g_cfg;
 void load_config();

@@ -115,3 +115,38 @@ def stop_probe(session, engine: str, what: str, exc: BaseException) -> str | Non
         except Exception as e:  # noqa: BLE001 - nothing more can be saved; the engine goes on
             print(f"kvconv {engine} plugin: {e!r} while stopping", file=sys.stderr, flush=True)
     return text
+
+
+def probe_output(engine: str) -> tuple[str, str]:
+    """Where a plugin writes its probe dump, and how it came to be there (said in the plugin's log line). Under
+    ``kvconv record`` (``KVCONV_RECORD=1``): beside the tracer's ``-o``, named after it
+    (:func:`kvconv.check.runs.probe_path`), whatever ``KVCONV_PROBE_OUTPUT`` says, so that record finds and judges
+    it with the run; elsewhere ``KVCONV_PROBE_OUTPUT`` (a harness's; ``%p``: the process id), else the same name.
+
+        >>> probe_output("vllm")   # doctest: +SKIP - under record -o o/run.kvdump, a harness's KVCONV_PROBE_OUTPUT=x
+        ('o/run.vllm-4242.probe.kvdump', "beside kvconv record's -o; KVCONV_PROBE_OUTPUT=x applies only outside ...")
+    """
+    import os
+
+    from kvconv.check.runs import probe_path
+
+    pid = os.getpid()
+    beside = probe_path(os.environ.get("KVCONV_OUTPUT"), pid, engine=engine)
+    named = os.environ.get("KVCONV_PROBE_OUTPUT", "").replace("%p", str(pid))
+    if os.environ.get("KVCONV_RECORD") == "1":
+        why = "beside kvconv record's -o"
+        return beside, why + (f"; KVCONV_PROBE_OUTPUT={named} applies only outside kvconv record" if named else "")
+    return (named, "KVCONV_PROBE_OUTPUT") if named else (beside, "beside KVCONV_OUTPUT")
+
+
+def probe_metadata(engine: str) -> dict:
+    """What a probe dump's metadata says of its process (pid, ppid, hostname: kvconv.check.runs links it to the
+    tracer's dumps of the run) and of what its plugin was asked (``asked``: kvconv.check.asked)."""
+    import os
+    import socket
+
+    env = os.environ
+    asked = {"engine": engine, "writes": env.get("KVCONV_WRITES") == "1", "value": env.get("KVCONV_VALUE") == "1",
+             "canary": env.get("KVCONV_CANARY") == "1", "capture_range": env.get("KVCONV_CAPTURE_RANGE") or None}
+    return {"pid": os.getpid(), "ppid": os.getppid(), "hostname": socket.gethostname(), "command": list(sys.argv),
+            "asked": asked}

@@ -29,8 +29,10 @@ Under ``kvconv record --capture-range profiler`` the plugin opens the tracer's r
 (``cudaProfilerStart``) and closes it when the dump is written: SGLang's warm-up (thousands of eager KV writes) stays
 out of the trace and of the write table.
 
-The dump: ``KVCONV_PROBE_OUTPUT`` (``%p``: the process id, for one dump per scheduler of a TP run), else
-``<tracer dump's stem>.sglang-<pid>.probe.kvdump`` (or ``./kvconv-sglang-<pid>.probe.kvdump``). An error in the plugin
+The dump: under ``kvconv record``, ``<-o's stem>.sglang-<pid>.probe.kvdump`` beside the tracer's dump (one per
+scheduler of a TP run) whatever ``KVCONV_PROBE_OUTPUT`` says: record finds and judges it with the run. Elsewhere
+``KVCONV_PROBE_OUTPUT`` (``%p``: the process id), else that same name (or ``./kvconv-sglang-<pid>.probe.kvdump``). Its
+metadata names the process (pid, ppid, hostname) and what the plugin was asked (``asked``). An error in the plugin
 never reaches the engine: it is printed once, kept in the dump's metadata (``plugin_errors``), and the plugin stops
 recording.
 
@@ -46,8 +48,8 @@ import os
 import sys
 import warnings
 
-from kvconv.capture.engines._hooks import guarded, stop_probe, version_of
-from kvconv.capture.engines.vllm import probe_path, request_ids
+from kvconv.capture.engines._hooks import guarded, probe_metadata, probe_output, stop_probe, version_of
+from kvconv.capture.engines.vllm import request_ids
 
 ENV = "KVCONV_ENGINE"
 FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
@@ -166,10 +168,10 @@ class _Session:
         caches = pool_caches(getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None), page,
                              int(getattr(pool, "start_layer", 0) or 0))
         meta = {"producer": "kvconv.capture.engines.sglang", "engine": "sglang", "sglang_version": version_of("sglang"),
-                "page_size": page, "pool": type(pool).__name__, "plant": os.environ.get("KVCONV_PLANT") or None}
-        named = os.environ.get("KVCONV_PROBE_OUTPUT", "").replace("%p", str(os.getpid()))  # %p: one per scheduler
-        self.recorder = CanaryRecorder(named or probe_path(os.environ.get("KVCONV_OUTPUT"), os.getpid(),
-                                                           engine="sglang"), metadata=meta)
+                "page_size": page, "pool": type(pool).__name__, "plant": os.environ.get("KVCONV_PLANT") or None,
+                **probe_metadata("sglang")}
+        path, where = probe_output("sglang")  # one per scheduler of a TP run (its pid in the name)
+        self.recorder = CanaryRecorder(path, metadata=meta)
         atexit.register(guarded, self, "writing the probe dump at exit", self.close)
         with warnings.catch_warnings():  # no tracer here: the mapping still goes into the probe's dump
             warnings.simplefilter("ignore")
@@ -181,8 +183,8 @@ class _Session:
             self.canary = _location_canary(self.recorder, caches, page)
         if _profiler_range(True):
             self.recorder.metadata["capture_range"] = "profiler: started at the first forward, stopped at the dump"
-        print(f"kvconv sglang plugin: {len(caches)} caches registered (page {page}), probe dump {self.recorder.path}, "
-              f"tracer {'on' if self.writes.active else 'off'}, location canary "
+        print(f"kvconv sglang plugin: {len(caches)} caches registered (page {page}), probe dump {self.recorder.path} "
+              f"({where}), tracer {'on' if self.writes.active else 'off'}, location canary "
               f"{'on' if self.canary is not None else 'off'}", file=sys.stderr, flush=True)
 
     def mapping(self, fb):

@@ -27,8 +27,10 @@ caches (the GPU worker, in vLLM's engine-core child by default) then:
   ``cudaProfilerStart``/``Stop`` (vLLM's ``profiler_config={"profiler": "cuda"}``, ``/start_profile`` and
   ``/stop_profile`` of ``vllm serve``), as the tracer does, and writes its dump at the stop.
 
-Everything goes into the probe's own dump (``KVCONV_PROBE_OUTPUT``, default
-``<tracer dump's stem>.vllm-<pid>.probe.kvdump`` or ``./kvconv-vllm-<pid>.probe.kvdump``), written when the runner
+Everything goes into the probe's own dump: under ``kvconv record``, ``<-o's stem>.vllm-<pid>.probe.kvdump`` beside
+the tracer's dump whatever ``KVCONV_PROBE_OUTPUT`` says (record finds and judges it with the run); elsewhere
+``KVCONV_PROBE_OUTPUT``, default that same name or ``./kvconv-vllm-<pid>.probe.kvdump``. Its metadata names the
+process (pid, ppid, hostname) and what the plugin was asked (``asked``). It is written when the runner
 shuts down, at exit, or after ``KVCONV_PROBE_STEPS`` steps; the tracer (``kvconv record --writes``) gets the caches
 and steps too. An error in the plugin never reaches the engine: it is printed once, noted in the dump's metadata
 (``plugin_errors``), and the plugin stops recording.
@@ -46,7 +48,14 @@ import os
 import sys
 import warnings
 
-from kvconv.capture.engines._hooks import after_import, guarded, stop_probe, version_of
+from kvconv.capture.engines._hooks import (
+    after_import,
+    guarded,
+    probe_metadata,
+    probe_output,
+    stop_probe,
+    version_of,
+)
 
 ENV = "KVCONV_ENGINE"
 RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
@@ -150,25 +159,16 @@ class BlockMirror:
 
 # ---- the session: one per runner that allocates KV caches (the GPU worker) ----
 
-def _output_path() -> str:
-    named = os.environ.get("KVCONV_PROBE_OUTPUT")
-    if named:
-        return named
-    return probe_path(os.environ.get("KVCONV_OUTPUT"), os.getpid())
-
-
 def probe_path(tracer_output: str | None, pid: int, *, engine: str = "vllm") -> str:
     """The probe dump beside the tracer's (``kvconv record -o``'s path, its %p and %c filled in), or in the working
-    folder.
+    folder (:func:`kvconv.check.runs.probe_path`).
 
     >>> probe_path("runs/run-%p.kvdump", 42), probe_path(None, 42).endswith("kvconv-vllm-42.probe.kvdump")
     ('runs/run-42.vllm-42.probe.kvdump', True)
     """
-    if not tracer_output:
-        return os.path.abspath(f"kvconv-{engine}-{pid}.probe.kvdump")
-    base = tracer_output.replace("%p", str(pid)).replace("%c", "0")
-    base = base[: -len(".kvdump")] if base.endswith(".kvdump") else base
-    return f"{base}.{engine}-{pid}.probe.kvdump"
+    from kvconv.check import runs
+
+    return runs.probe_path(tracer_output, pid, engine=engine)
 
 
 class _Session:
@@ -208,8 +208,9 @@ class _Session:
         kbs = int(r.kernel_block_sizes[0])
         meta = {"producer": "kvconv.capture.engines.vllm", "engine": "vllm", "vllm_version": version_of("vllm"),
                 "runner": "v2", "mapping": "device" if self.device_map else "host", "block_size": kbs,
-                "plant": os.environ.get("KVCONV_PLANT") or None}
-        self.recorder = CanaryRecorder(_output_path(), metadata=meta)
+                "plant": os.environ.get("KVCONV_PLANT") or None, **probe_metadata("vllm")}
+        path, self.where = probe_output("vllm")
+        self.recorder = CanaryRecorder(path, metadata=meta)
         atexit.register(guarded, self, "writing the probe dump at exit", self.close)
         with warnings.catch_warnings():  # no tracer here: the mapping still goes into the probe's dump
             warnings.simplefilter("ignore")
@@ -230,7 +231,7 @@ class _Session:
         if os.environ.get("KVCONV_CANARY") == "1":
             self.canary = location_canary(self.recorder, [(n, v) for n, v in self.names.values()], kbs)
         print(f"kvconv vllm plugin: {len(r.kv_caches)} caches registered (page {kbs}), probe dump "
-              f"{self.recorder.path}, tracer {'on' if self.writes.active else 'off'}, location canary "
+              f"{self.recorder.path} ({self.where}), tracer {'on' if self.writes.active else 'off'}, location canary "
               f"{'on' if self.canary is not None else 'off'}", file=sys.stderr, flush=True)
 
     def mapping(self, batch):
