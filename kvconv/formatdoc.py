@@ -82,7 +82,7 @@ event whose (gridid, tag) names no host record is unmatched (`unmatched-device-e
   (`--salvage`). With `D = E - T` and `N = 0`, `s = D`: the missing blocks are the first `D` slots, so the first
   launches in host order get no events (the last of them possibly only its first blocks). Coverage starts late
   (kernels are patched at module load, so launches before it are not seen) and never stops early; these launches
-  are reported as `coverage-late` (a warning; an error with `--strict-coverage`), any other deficit as
+  are reported as `coverage-late` (a warning; an error with `kvconv reconcile --strict-coverage`), any other deficit as
   `missing-blocks`. With `N > 0`, `s` can be anything in `[max(0, D - N), D]`: an event is assigned to a
   launch only when every such `s` gives the same launch; the others are reported as one ambiguous run of launches
   with its deficit (`ordered-ambiguous`). With more events than blocks (`D < 0`) and no drops, the surplus events

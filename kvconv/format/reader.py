@@ -30,6 +30,7 @@ import numpy as np
 from kvconv.format import layout
 from kvconv.format.errors import DamagedError, FormatError, SchemaError
 from kvconv.format.findings import Finding
+from kvconv.wording import counted
 
 H = layout.HEADER_DTYPE
 _HDR = layout.LAYOUTS["header"]
@@ -368,6 +369,15 @@ def _open_file(path: str):
     return f, size, mm, piped
 
 
+def _is_pipe(path: str) -> bool:
+    """Standard input, or a path that is a pipe or socket (``/dev/stdin``, ``<(cmd)``), not a device."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode if path == STDIN else os.stat(path).st_mode
+    except (OSError, ValueError):
+        return path == STDIN
+    return path == STDIN or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 @dataclass
 class _Scan:
     """What the steps of :func:`scan` share: the mapped file, the options, and the dump being filled in."""
@@ -402,9 +412,11 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     d = Dump(path=path, size=size, groups=[], _mm=mm, _file=f)
     s = _Scan(d=d, buf=mm if mm is not None else b"", options=options)
     if size == 0:
+        # "piped" is any file that is not a regular one: a pipe was piped in, /dev/null is a device that gave nothing
+        hint = ("nothing was piped in: pipe a kvconv dump, or name the file" if _is_pipe(path) else
+                "reading it gave no bytes: name a kvconv dump" if piped else "the producer wrote nothing")
         s.problem("error", "empty input" if piped else "empty file", 0, "header", group=None, code="truncated-header",
-                  hint="nothing was piped in: pipe a kvconv dump, or name the file" if piped
-                  else "the producer wrote nothing")
+                  hint=hint)
         return d
     pos: int | None = 0
     index = 0
@@ -442,7 +454,7 @@ def _header_at(s: _Scan, pos: int, index: int) -> np.void | None:
         return None
     if size - pos < layout.HEADER_SIZE:
         s.problem("warning" if s.options.salvage and index > 0 else "error",
-                  f"file ends {size - pos} bytes into a 64-byte header", pos, "header", group=index,
+                  f"file ends {counted(size - pos, 'byte')} into a 64-byte header", pos, "header", group=index,
                   code="truncated-header",
                   hint=s.cut_hint(index, "its first header is incomplete, so no group can be read"))
         return None

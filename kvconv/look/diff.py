@@ -213,10 +213,16 @@ def _canary(pa, pb) -> list[dict]:
                    sb.get(k, 0) > sa.get(k, 0)) for k in ("unexpected_pages", "missing_pages")]
 
 
+def _where(incident: dict, path: str) -> str:
+    """An incident's line without its severity, code and dump ("error CODE PATH: byte N: ..." -> "byte N: ..."),
+    so that the same incident of two dumps reads the same."""
+    msg, head = incident["message"], f"{incident['severity']} {incident['code']} {path}: "
+    return msg[len(head):] if msg.startswith(head) else msg.replace(f"{path}: ", "").replace(path, "")
+
+
 def _verdicts(va: dict, vb: dict) -> list[dict]:
     def keys(v):
-        return Counter(f"{i['code']}: {i['message'].replace(v['path'], '')}" for i in v["incidents"]
-                       if i["severity"] == "error")
+        return Counter(f"{i['code']}: {_where(i, v['path'])}" for i in v["incidents"] if i["severity"] == "error")
 
     from kvconv.check.verdict import RANK  # how bad a verdict is (schemas/codes.json verdicts)
 
