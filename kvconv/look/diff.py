@@ -253,15 +253,16 @@ def compare(pa, pb, *, options: DiffOptions = DiffOptions(), verdicts: tuple[dic
             "exit": 1 if n else 0}
 
 
-def lines(res: dict) -> list[str]:
-    """The text report: one line per check (``!`` where it exceeds), then the verdict."""
+def lines(res: dict, *, quiet: bool = False) -> list[str]:
+    """The text report: one line per check (``!`` where it exceeds), then the verdict; ``quiet`` (``-q``): only
+    the checks beyond their thresholds, then the verdict."""
     def fmt(v):
         if isinstance(v, float):
             return f"{v:,.0f}" if v.is_integer() else f"{v:,.1f}"
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
-    out = [f"diff {res['a']} -> {res['b']}"]
-    for c in res["checks"]:
+    out = [] if quiet else [f"diff {res['a']} -> {res['b']}"]
+    for c in (c for c in res["checks"] if c["exceeds"] or not quiet):
         mark = "!" if c["exceeds"] else " "
         note = f" ({c['note']})" if c["note"] else ""
         unit = f" {c['unit']}" if c.get("unit") else ""
