@@ -82,7 +82,7 @@ event whose (gridid, tag) names no host record is unmatched (`unmatched-device-e
   (`--salvage`). With `D = E - T` and `N = 0`, `s = D`: the missing blocks are the first `D` slots, so the first
   launches in host order get no events (the last of them possibly only its first blocks). Coverage starts late
   (kernels are patched at module load, so launches before it are not seen) and never stops early; these launches
-  are reported as `coverage-late` (a warning; an error with `--strict-coverage`), any other deficit as
+  are reported as `coverage-late` (a warning; an error with `kvconv reconcile --strict-coverage`), any other deficit as
   `missing-blocks`. With `N > 0`, `s` can be anything in `[max(0, D - N), D]`: an event is assigned to a
   launch only when every such `s` gives the same launch; the others are reported as one ambiguous run of launches
   with its deficit (`ordered-ambiguous`). With more events than blocks (`D < 0`) and no drops, the surplus events
@@ -359,10 +359,34 @@ def render_cli() -> str:
     return head + _CLI_BEGIN + "\n" + exit_table() + rest[rest.index(_CLI_END):]
 
 
+def render_verdict_guide() -> str:
+    """docs/guides/verdict.md with its verdict table and the codes a traced run can meet generated from
+    schemas/codes.json (between the markers); options and outputs are docs/FINDINGS.md's."""
+    from pathlib import Path
+
+    from kvconv.format import codes
+    from kvconv.format.layout import load_json_schema
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "verdict.md").read_text()
+    head, rest = page.split(_VERDICT_BEGIN, 1)
+    verdicts = {k: v for k, v in load_json_schema("codes.json")["verdicts"].items() if not k.startswith("$")}
+    out = ["", "## The verdicts", "", "| verdict | exit | validate says | means |", "| --- | --- | --- | --- |"]
+    out += [f"| `{k}` | {v['exit']} | {v['label']} | {_cell(v['means'])} |" for k, v in verdicts.items()]
+    for area in ("structure", "validate", "reconcile", "canary", "record", "input"):
+        rows = sorted((c for c in codes.CODES.values() if c.area == area), key=lambda c: c.code)
+        out += ["", f"## {codes.AREAS[area]}", "", "| code | severity | what it means | what to do |",
+                "| --- | --- | --- | --- |"]
+        out += [f"| `{c.code}` | {', '.join(c.severity)} | {_cell(c.means)} | {_cell(c.do)} |" for c in rows]
+    out += ["", "The codes of options and outputs (usage errors, refused outputs) are in docs/FINDINGS.md.", ""]
+    return head + _VERDICT_BEGIN + "\n".join(out) + "\n" + rest[rest.index(_VERDICT_END):]
+
+
+_VERDICT_BEGIN = "<!-- generated from schemas/codes.json by python -m kvconv.formatdoc verdict -->"
+_VERDICT_END = "<!-- end of the generated codes -->"
 _CLI_BEGIN = "<!-- exit statuses: generated from schemas/codes.json by python -m kvconv.formatdoc cli -->"
 _CLI_END = "<!-- end of the generated exit statuses -->"
 _DOCS = {"format": lambda: render(), "findings": lambda: render_findings(), "outputs": lambda: render_outputs(),
-         "cli": lambda: render_cli()}
+         "cli": lambda: render_cli(), "verdict": lambda: render_verdict_guide()}
 
 
 if __name__ == "__main__":  # pragma: no cover

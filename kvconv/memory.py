@@ -43,7 +43,7 @@ def stream_heap() -> None:
     whole-table columns landed in the heap, where the next context's, built among their holes, grew the peak.
     Above ``MAPPED_ARRAYS`` they never do. The trim threshold bounds what the resident set keeps beyond the live
     arrays; :func:`release_heap` still gives everything free back between stages. Once set, glibc keeps both for
-    the process. The figures: docs/BENCH.md ("The heap")."""
+    the process. The figures: docs/results/streaming-10gib-2026-12-01/NOTES.md ("The heap")."""
     fn = _mallopt()
     if fn is not None:
         fn(_M_MMAP_THRESHOLD, MAPPED_ARRAYS)

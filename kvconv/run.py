@@ -345,15 +345,16 @@ class Run:
 
     # ---- converters -----------------------------------------------------------------------------------------------
 
-    def write(self, fmt: str, out: PathLike, *, options=None, warn=None):
+    def write(self, fmt: str, out: PathLike, *, options=None, warn=None, force: bool = False):
         """Write the run in a registered output format (:mod:`kvconv.emit.registry`: perfetto, chrome, arrow);
-        ``options``: :class:`kvconv.emit.EmitOptions` (salvage follows the run's)."""
+        ``options``: :class:`kvconv.emit.EmitOptions` (salvage follows the run's); ``force``: replace an existing
+        output (as ``--force``)."""
         from kvconv.emit import EmitOptions
         from kvconv.emit.registry import FORMATS
 
         opts = options if options is not None else EmitOptions()
-        if self.options.salvage and not opts.salvage:
-            opts = replace(opts, salvage=True)
+        if (self.options.salvage and not opts.salvage) or (force and not opts.force):
+            opts = replace(opts, salvage=opts.salvage or self.options.salvage, force=opts.force or force)
         res = FORMATS[fmt].write(self.paths, str(out), options=opts, warn=warn)
         self._adopt(getattr(res, "verdicts", None) or [])
         return res
@@ -369,17 +370,17 @@ class Run:
             if isinstance(rep, Report) and "validation" not in vars(dr):
                 dr.adopt(rep)
 
-    def to_perfetto(self, out: PathLike, *, options=None):
+    def to_perfetto(self, out: PathLike, *, options=None, force: bool = False):
         """A Perfetto trace (what ``kvconv perfetto`` writes): ui.perfetto.dev, trace_processor."""
-        return self.write("perfetto", out, options=options)
+        return self.write("perfetto", out, options=options, force=force)
 
-    def to_chrome(self, out: PathLike, *, options=None):
+    def to_chrome(self, out: PathLike, *, options=None, force: bool = False):
         """Chrome JSON trace events (what ``kvconv chrome`` writes)."""
-        return self.write("chrome", out, options=options)
+        return self.write("chrome", out, options=options, force=force)
 
-    def to_arrow(self, out: PathLike, *, options=None):
+    def to_arrow(self, out: PathLike, *, options=None, force: bool = False):
         """A partitioned Arrow IPC / Parquet dataset (what ``kvconv arrow`` writes)."""
-        return self.write("arrow", out, options=options)
+        return self.write("arrow", out, options=options, force=force)
 
     def report(self, out: PathLike, *, force: bool = False) -> dict:
         """Write the self-contained HTML page of ``kvconv report`` (replacing ``out`` only with ``force`` or when it

@@ -22,11 +22,11 @@ CASES = [  # (script, committed JSON, its key holding the script's table input (
     ("gpu_overhead", "tracer-overhead-2026-11-29/gpu_overhead.h200.json", None,
      "tracer-overhead-2026-11-29/gpu_overhead.h200.log"),
     ("gpu_tracer_cost", "write-patch-2026-12-01/lease-5.json", "table",
-     "write-patch-2026-12-01/lease-5.log"),  # docs/TRACER.md's table of the write patch
+     "write-patch-2026-12-01/lease-5.log"),  # docs/results/write-patch-2026-12-01/NOTES.md's table of the write patch
     ("gpu_tracer_cost", "node-time-2026-12-02/cost-lease23.json", "table",
-     "node-time-2026-12-02/cost-lease23.log"),  # docs/TRACER.md's last table of a traced node's time
+     "node-time-2026-12-02/cost-lease23.log"),  # node-time-2026-12-02/NOTES.md's last table of a traced node's time
     ("gpu_tracer_cost", "tracer-1040-2026-12-05/lease-a.json", "table",
-     "tracer-1040-2026-12-05/lease-a.log"),  # docs/TRACER.md's issue 42 table (the 1,040-node shape)
+     "tracer-1040-2026-12-05/lease-a.log"),  # tracer-1040-2026-12-05/NOTES.md's issue 42 table (the 1,040-node shape)
     ("gpu_tracer_cost", "tracer-1040-2026-12-05/lease-b.json", "table",
      "tracer-1040-2026-12-05/lease-b.log"),  # the same on a second machine
 ]

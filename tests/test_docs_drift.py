@@ -168,6 +168,71 @@ def test_cli_md_console_examples_print_what_they_say(tmp_path):
                 sorted((r.stdout + r.stderr).splitlines()) == sorted(expected.splitlines()), (cmd, r.stdout, r.stderr)
 
 
+# ---- docs/guides --------------------------------------------------------------------------------------------------
+
+GUIDES = ROOT / "docs" / "guides"
+_BLOCK = re.compile(r"(<!-- gpu -->\n)?```(sh|console)\n(.*?)```", re.S)
+
+
+def _guide_blocks() -> list[tuple[str, bool, str, str]]:
+    """(guide, marked gpu, sh|console, the block) for every shell block of docs/guides/*.md."""
+    return [(g.name, bool(m.group(1)), m.group(2), m.group(3)) for g in sorted(GUIDES.glob("*.md"))
+            for m in _BLOCK.finditer(g.read_text())]
+
+
+GUIDE_BLOCKS = _guide_blocks()
+
+
+def test_guides_exist_and_hold_commands():
+    names = {g for g, *_ in GUIDE_BLOCKS}
+    assert {"README.md", "pytorch.md", "options.md", "verdict.md"} <= names, names
+    assert any(gpu for _, gpu, _, _ in GUIDE_BLOCKS) and any(not gpu for _, gpu, _, _ in GUIDE_BLOCKS)
+
+
+@pytest.mark.parametrize("guide,gpu,kind,block", GUIDE_BLOCKS,
+                         ids=[f"{g}:{i}" for i, (g, *_) in enumerate(GUIDE_BLOCKS)])
+def test_guide_block_runs(guide, gpu, kind, block, demo, folder):
+    """Each shell block of a guide, as a user types it, in a folder where every ``*.kvdump`` it names is the demo's
+    dump and the repository's fixtures/ are at hand: exit 0, no traceback. A block marked ``<!-- gpu -->`` needs a
+    GPU: its ``kvconv record`` lines are parsed (options and command real), nothing is run."""
+    if gpu:
+        for line in block.splitlines():
+            if line.startswith("kvconv record "):
+                args = shlex.split(line)[2:]
+                with _commands()["record"].make_context("record", args) as ctx:
+                    assert ctx.params["output"] and ctx.args, line
+        return
+    os.symlink(ROOT / "fixtures", folder / "fixtures")
+    if kind == "console":  # $ command, then what it prints
+        for cmd, expected in re.findall(r"^\$ (.+)\n((?:(?!\$ ).*\n)*)", block, re.M):
+            _stage(folder, "guide", cmd, demo)
+            r = _shell(cmd, folder)
+            assert (r.stdout + r.stderr).splitlines() == expected.splitlines(), (guide, cmd, r.stdout, r.stderr)
+        return
+    _stage(folder, "guide", " ".join(w for w in block.split() if "/" not in w), demo)  # not what the block makes
+    r = _shell("set -e\n" + block, folder)  # a pipeline's status is its last command's, as in a user's shell
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (guide, block, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_guides_link_what_exists_and_verdict_codes_are_current():
+    from kvconv import formatdoc
+
+    assert (GUIDES / "verdict.md").read_text() == formatdoc.render_verdict_guide(), (
+        "docs/guides/verdict.md is stale: python -m kvconv.formatdoc verdict > /tmp/v.md && cp /tmp/v.md "
+        "docs/guides/verdict.md")
+    written_elsewhere = {"vllm.md", "sglang.md"}  # the engine guides: their own branches (issue 51)
+    missing = []
+    for g in sorted(GUIDES.glob("*.md")):
+        text = g.read_text()
+        for target in re.findall(r"\]\(([^)#:]+)\)", text):
+            if not (g.parent / target).exists() and target not in written_elsewhere:
+                missing.append(f"{g.name}: {target}")
+        for ref in re.findall(r"(?<![\w/])((?:docs|native|kvconv|schemas|fixtures|tests|bench)/[\w./-]+\w)", text):
+            if not (ROOT / ref).exists() and not any(c in ref for c in "*%") and not ref.startswith("native/build"):
+                missing.append(f"{g.name}: {ref}")
+    assert not missing, missing
+
+
 # ---- docs/REPORT.md ----------------------------------------------------------------------------------------------
 
 def test_report_md_exit_statement_is_what_report_does(tmp_path):

@@ -2,7 +2,8 @@
 vLLM's general plugin, its import hook, and the pure functions that turn the runner's per-step host arrays into the
 write probe's rows, checked on hand-made steps and, through the real ``kvconv validate``, on a probe dump made from
 them (a block handed out twice is found, the same run without it is clean). The runs on vLLM itself need a GPU and
-vLLM: ``test_plants_on_vllm`` (marked gpu, skipped here; docs/CANARY.md says how to run them by hand)."""
+vLLM: ``test_plants_on_vllm`` (marked gpu, skipped here; native/workloads/vllm_plants/README.md says how to run them
+by hand)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ The commands of every module's ``app`` join the one ``kvconv`` app below (:func:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -54,8 +55,46 @@ COMMAND_MODULES = (
     "kvconv.cli.open",
 )
 
+# typer >= 0.22 carries its own click (typer._click); earlier ones use click's
+_click = getattr(typer.core, "_click", None) or importlib.import_module("click")
+
+
+class _OneLineUsageError(_click.exceptions.ClickException):
+    """A usage error as every kvconv error reads: one ``Error: ...`` line on stderr, exit 2 (click prints the usage,
+    a hint and the error on three lines)."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        err(f"Error: {self.format_message()}")
+
+
+@contextlib.contextmanager
+def _one_line_usage():
+    try:
+        yield
+    except _click.exceptions.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `kvconv` alone: the help, as asked for
+            raise
+        where = e.ctx.command_path if e.ctx is not None else "kvconv"
+        raise _OneLineUsageError(f"{where}: {e.format_message().rstrip('.')} (see {where} --help)") from None
+
+
+class _Group(typer.core.TyperGroup):
+    """The kvconv group: usage errors of the group and of every command (both raised inside these two) on one line."""
+
+    def make_context(self, *args, **kwargs):
+        with _one_line_usage():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _one_line_usage():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
     name="kvconv",
+    cls=_Group,
     help="Trace, check and convert KV-cache write dumps from CUDA-graph replays.\n\n"
     "Example: kvconv validate run.kvdump && kvconv perfetto run.kvdump -o run.pftrace",
     no_args_is_help=True,
@@ -97,12 +136,18 @@ def err(message: str) -> None:
     sys.stderr.flush()
 
 
+_SAID: set[str] = set()  # the warnings this command printed: a dump opened by two of its steps warns once
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings (e.g. a salvaged dump's loss) as one ``Warning: ...`` line, without Python's source echo."""
+    """Warnings (e.g. a salvaged dump's loss) as one ``Warning: ...`` line, without Python's source echo; each one
+    once per command (Python's own filter tells warnings apart by the line that raised them)."""
     text = str(message)
     if text.startswith("warning "):  # Finding.line() of a warning-level finding
         text = text[len("warning "):]
-    err(f"Warning: {text}")
+    if text not in _SAID:
+        _SAID.add(text)
+        err(f"Warning: {text}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         # the program itself (not a caller's main([...])): its end is not interrupted
         with warnings.catch_warnings(), interrupt.handled(program=argv is None):
             warnings.showwarning = _one_line_warning
+            _SAID.clear()
             return _main(argv)
     finally:
         if errors is not None:

@@ -120,6 +120,14 @@ class Outcome:
     text: str = ""  # what the text output says about it (stdout); an error goes to stderr as one line
 
 
+def quiet_text(text: str, *, keep_last: bool) -> str:
+    """What ``-q`` leaves of a dump's text: its warning and error lines, and (``keep_last``) its last line, where the
+    command states the verdict (info)."""
+    lines = text.splitlines()
+    kept = [x for x in lines[:-1 if keep_last else None] if x.startswith(("warning ", "error "))]
+    return "\n".join(kept + lines[-1:] if keep_last else kept)
+
+
 def each(paths: Iterable[Path], fn: Callable[[Path], Outcome]) -> list[Outcome]:
     """``fn`` on every path in turn; a :class:`KvconvError` for one dump becomes its outcome and the others go on."""
     out = []

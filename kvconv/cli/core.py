@@ -24,6 +24,7 @@ from kvconv.cli.common import (
     internal_error,
     judged,
     output_option,
+    quiet_text,
     renamed,
     run_json,
     run_lines,
@@ -172,8 +173,11 @@ def info(
     opts = RunOptions(salvage=salvage, verify_checksums=False)  # verified in describe, reported
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
     outcomes = each(dumps, lambda p: _info_one(p, opts, popts))
-    for o in outcomes:  # one blank line between dumps
-        o.text = o.text and o.text + ("\n" if o is not outcomes[-1] else "")
+    for o in outcomes:  # one blank line between dumps; -q: the warnings and errors, and the verdict
+        if quiet and o.text:
+            o.text = quiet_text(o.text, keep_last=True)
+        elif o.text:
+            o.text += "\n" if o is not outcomes[-1] else ""
     finish("info", outcomes, as_json=as_json)
 
 @app.command()

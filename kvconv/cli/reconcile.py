@@ -51,7 +51,7 @@ def reconcile_cmd(
     """
     import kvconv
     from kvconv.check import skew
-    from kvconv.cli.common import each, finish
+    from kvconv.cli.common import each, finish, quiet_text
     from kvconv.progress import ProgressOptions
     from kvconv.run import RunOptions
 
@@ -61,6 +61,8 @@ def reconcile_cmd(
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
     done: list[tuple] = []  # (path, result, its JSON, nothing checked)
     outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
+    for o in outcomes if quiet else ():  # -q: the warnings and errors, then the status line
+        o.text = o.text and quiet_text(o.text, keep_last=False)
     cross = skew.cross_dump([p for p, _, _, _ in done], [rep for _, _, rep, _ in done])
     status = _status(done, outcomes)
     if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
@@ -80,6 +82,8 @@ def _one(dr, popts, done: list):
         r = dr.reconcile(tables=False)  # the report only (no per-event table): memory bounded by the host records
     # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
     cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
+    if cov is not None:
+        cov = _canary_steps_said(dr.reader, cov)
     dr.close()
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
@@ -89,6 +93,22 @@ def _one(dr, popts, done: list):
     done.append((dr.path, r, rep, cov is not None))
     code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov)]
     return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
+
+
+def _canary_steps_said(d, cov):
+    """Reconcile's own ``coverage-none``: nothing to reconcile. A dump of canary or write steps (the probe's dump)
+    holds no launch by design: say which command checks what it holds, instead of "no canary or write step"."""
+    from dataclasses import replace
+
+    from kvconv.wording import counted
+
+    steps = [(sum(len(g.records) for g in d.groups_of(kind)), noun, cmd) for kind, noun, cmd in
+             (("canary", "canary step", "kvconv canary"), ("write_step", "write step", "kvconv canary --writes"))]
+    held = [f"{counted(n, noun)}: {cmd}" for n, noun, cmd in steps if n]
+    if not held:
+        return cov
+    head, _, tail = cov.message.partition(", no canary or write step")
+    return replace(cov, message=f"{head}, nothing to reconcile (the dump's {'; '.join(held)} checks them){tail}")
 
 
 def _status(done: list, outcomes: list) -> str:

@@ -17,7 +17,7 @@ app = typer.Typer()
 # record's own options (those several commands take are kvconv.cli.common's)
 _KERNEL = typer.Option(None, "--kernel", "-k", metavar="PATTERN", help="substring of a target kernel name (repeatable; "
                        "mangled or demangled); default reshape_and_cache_flash_kernel")
-_DEVICE_CAPACITY = typer.Option(None, "--device-capacity", help="device events per context (default 1048576)")
+_DEVICE_CAPACITY = typer.Option(None, "--device-capacity", help="device events per context, 64 bytes each in GPU memory (default by the GPU's memory: 33,554,432 from 64 GiB, 8,388,608 from 16 GiB, else 1,048,576)")  # noqa: E501
 _HOST_CAPACITY = typer.Option(None, "--host-capacity", help="host records per table (default 65536)")
 _EVENTS = typer.Option(None, "--events", help="block events: enter, exit or enter,exit (default: $KVCONV_EVENTS when "
                        "set, else enter)")

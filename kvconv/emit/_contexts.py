@@ -39,6 +39,12 @@ def _safe(s: str) -> str:
     return out or "run"
 
 
+def run_name(path: str) -> str:
+    """A dump's run name (Arrow's ``run=`` partition, the tables' ``run``): its file name without extensions;
+    ``stdin`` for standard input (``-``)."""
+    return "stdin" if str(path) == "-" else _safe(Path(path).name.split(".")[0])
+
+
 @contextlib.contextmanager
 def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
     """What every emitter does around its own writing: refuse to overwrite an input, open the dumps' contexts, show
@@ -97,7 +103,7 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
         for di, d in enumerate(dumps):
             if options.verify_checksums:
                 _verify_host_groups(d, options, warn)
-            stem = _safe(Path(d.path).name.split(".")[0])
+            stem = run_name(d.path)
             run = stem if stem not in runs else f"{stem}-{di}"
             runs[run] = di
             _describe(d, run, ctxs, options, warn)

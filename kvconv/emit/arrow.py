@@ -208,7 +208,7 @@ def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) 
 def _contextless(pa, paths, ctxs, root: Path, ext: str, options: EmitOptions) -> None:
     """A dump none of whose contexts is drawn (no per-context record: its producer ended before its first target
     launch, say) still gets its metadata table: what ran, and why nothing else is there."""
-    from kvconv.emit._contexts import _safe
+    from kvconv.emit._contexts import run_name
     from kvconv.format import dump as dumpmod
 
     drawn, runs = {c.dump.path for c in ctxs}, {c.run for c in ctxs}
@@ -216,7 +216,7 @@ def _contextless(pa, paths, ctxs, root: Path, ext: str, options: EmitOptions) ->
         if str(p) == "-" or str(p) in drawn:
             continue
         with dumpmod.open(p, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage)) as d:
-            stem = _safe(Path(d.path).name.split(".")[0])
+            stem = run_name(d.path)
             run = stem if stem not in runs else f"{stem}-{di}"
             runs.add(run)
             for g in d.groups_of("metadata"):

@@ -6,10 +6,10 @@ timeline through the dump's own clock-sync pairs (the nearest earlier pair: host
 trace_processor applies to clock snapshots); durations are measured in the device clock alone. The subset written is
 described by ``schemas/chrome.schema.json``.
 
-Device blocks are zero-length events (``"dur":0``) on their SM's track, named after their kernel: one per block
-entry and, when the dump holds block exits (``kvconv record --events enter,exit``), one per exit named
-``<kernel> (block exit)``. Entries and exits are not paired into block durations; node and replay slices run from
-their first to their last block entry.
+Device blocks are events on their SM's track, named after their kernel. Without block exits each entry is a
+zero-length event (``"dur":0``); when the dump holds them (``kvconv record --events enter,exit``) a block's entry and
+exit are paired into one slice from entry to exit (on extra lanes where blocks overlap), an exit without its entry
+stays a zero-length ``<kernel> (block exit)``, and a launch's slice runs from its first entry to its last exit.
 
 Lines are rendered many at a time as fixed-width byte matrices (:mod:`kvconv.emit._text`): a number of few values
 whose digit count differs from line to line (block indices, 0 to 131) is right-aligned with leading spaces
@@ -262,7 +262,7 @@ class _Chrome:
                 us, nid = np.unique(slot, return_inverse=True)
                 strings = [_j(short_name(c.kernel_name(s))) for s in us.tolist()]
         else:
-            # block-exit events are instants like the entries (no durations are paired yet): named apart
+            # unpaired block exits: zero-length like unpaired entries, named apart
             us, nid = np.unique(slot.astype(np.int64) * 2 + ex, return_inverse=True)
             strings = [_j(short_name(c.kernel_name(k >> 1)) + (EXIT_SUFFIX if k & 1 else "")) for k in us.tolist()]
         nid = nid.reshape(-1)

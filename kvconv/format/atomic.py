@@ -263,7 +263,9 @@ def atomic_output(
                 yield tmp
             return
         target = Path(path)
-        parent = target.parent if str(target.parent) else Path(".")
+        # absolute: a signal's cleanup must find the temporary from any working folder (kvconv demo works inside its
+        # own; a relative one was looked for there, and the 33 MB folder stayed behind)
+        parent = Path(os.path.abspath(target.parent if str(target.parent) else "."))
         remove_stale(parent, target.name)
         prefix = f".{target.name}.tmp-{os.getpid()}-"
         # registered before the temporary exists: a signal between its creation and _ACTIVE.append still finds it

@@ -255,6 +255,7 @@ def loads_metadata(raw: bytes):
 
 STDIN = "-"  # an input named "-" is standard input
 _SPOOL_CHUNK = 1 << 20
+_EMPTY = {"pipe": "nothing was piped in: pipe a kvconv dump, or name the file", "device": "it gave no bytes"}
 _stdin_copy: list = []  # the process's one copy of a piped standard input (it can be read only once)
 
 
@@ -335,7 +336,7 @@ def _decompress(f, path: str):
 
 def _open_file(path: str):
     """The file, its size, its read-only map (None when empty) and whether it was piped (not a regular file: read
-    through a temporary copy); an unopenable path is a one-line FormatError."""
+    through a temporary copy; "pipe" for a pipe or socket, "device" else); an unopenable path is a FormatError."""
     try:
         f = os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == STDIN else builtins.open(path, "rb")
     except FileNotFoundError:
@@ -344,10 +345,11 @@ def _open_file(path: str):
         raise FormatError("is a folder, not a dump file", path=path, code="not-a-file") from None
     except OSError as e:
         raise FormatError(f"cannot open: {e.strerror}", path=path, code="unreadable") from None
-    piped = not stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    mode = os.fstat(f.fileno()).st_mode
+    piped = not stat.S_ISREG(mode) and ("pipe" if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else "device")
     if piped and path == STDIN and _stdin_copy:  # read again in this process (report, diff): the same bytes
         f.close()
-        f, piped = os.fdopen(os.dup(_stdin_copy[0].fileno()), "rb"), True
+        f = os.fdopen(os.dup(_stdin_copy[0].fileno()), "rb")
     elif piped:
         spooled = _spool(f, path)
         f.close()
@@ -403,8 +405,7 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
     s = _Scan(d=d, buf=mm if mm is not None else b"", options=options)
     if size == 0:
         s.problem("error", "empty input" if piped else "empty file", 0, "header", group=None, code="truncated-header",
-                  hint="nothing was piped in: pipe a kvconv dump, or name the file" if piped
-                  else "the producer wrote nothing")
+                  hint=_EMPTY.get(piped, "the producer wrote nothing"))
         return d
     pos: int | None = 0
     index = 0
@@ -442,8 +443,8 @@ def _header_at(s: _Scan, pos: int, index: int) -> np.void | None:
         return None
     if size - pos < layout.HEADER_SIZE:
         s.problem("warning" if s.options.salvage and index > 0 else "error",
-                  f"file ends {size - pos} bytes into a 64-byte header", pos, "header", group=index,
-                  code="truncated-header",
+                  f"file ends {size - pos} byte{'s' * (size - pos != 1)} into a 64-byte header", pos, "header",
+                  group=index, code="truncated-header",
                   hint=s.cut_hint(index, "its first header is incomplete, so no group can be read"))
         return None
     hdr = np.frombuffer(buf, dtype=H, count=1, offset=pos)[0]

@@ -213,10 +213,16 @@ def _canary(pa, pb) -> list[dict]:
                    sb.get(k, 0) > sa.get(k, 0)) for k in ("unexpected_pages", "missing_pages")]
 
 
+def _where(incident: dict, path: str) -> str:
+    """An incident's line without its severity, code and dump ("error CODE PATH: byte N: ..." -> "byte N: ..."),
+    so that the same incident of two dumps reads the same."""
+    msg, head = incident["message"], f"{incident['severity']} {incident['code']} {path}: "
+    return msg[len(head):] if msg.startswith(head) else msg.replace(f"{path}: ", "").replace(path, "")
+
+
 def _verdicts(va: dict, vb: dict) -> list[dict]:
     def keys(v):
-        return Counter(f"{i['code']}: {i['message'].replace(v['path'], '')}" for i in v["incidents"]
-                       if i["severity"] == "error")
+        return Counter(f"{i['code']}: {_where(i, v['path'])}" for i in v["incidents"] if i["severity"] == "error")
 
     from kvconv.check.verdict import RANK  # how bad a verdict is (schemas/codes.json verdicts)
 
@@ -247,15 +253,16 @@ def compare(pa, pb, *, options: DiffOptions = DiffOptions(), verdicts: tuple[dic
             "exit": 1 if n else 0}
 
 
-def lines(res: dict) -> list[str]:
-    """The text report: one line per check (``!`` where it exceeds), then the verdict."""
+def lines(res: dict, *, quiet: bool = False) -> list[str]:
+    """The text report: one line per check (``!`` where it exceeds), then the verdict; ``quiet`` (``-q``): only
+    the checks beyond their thresholds, then the verdict."""
     def fmt(v):
         if isinstance(v, float):
             return f"{v:,.0f}" if v.is_integer() else f"{v:,.1f}"
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
-    out = [f"diff {res['a']} -> {res['b']}"]
-    for c in res["checks"]:
+    out = [] if quiet else [f"diff {res['a']} -> {res['b']}"]
+    for c in (c for c in res["checks"] if c["exceeds"] or not quiet):
         mark = "!" if c["exceeds"] else " "
         note = f" ({c['note']})" if c["note"] else ""
         unit = f" {c['unit']}" if c.get("unit") else ""

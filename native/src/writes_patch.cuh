@@ -3,7 +3,7 @@
 // once for non-target functions (NULL userdata), loads, and contexts without write recording. writes_shared.h says
 // how the stores of a block are aggregated into one record per slot.
 //
-// Why it is shaped as it is (measured on the H200, docs/TRACER.md "the write patch reshaped"): a tools patch gets the
+// Why it is shaped as it is (measured on the H200, docs/results/write-patch-2026-12-01/NOTES.md, "the write patch reshaped"): a tools patch gets the
 // ABI's minimum of registers, so the store path spills and saves registers on entry, and a store's cost is mostly its
 // chains of dependent loads. Hence: loads and non-target accesses do not pay the store path's saves
 // (kvconv_mem_access is a small wrapper); the cache search is two levels of 16 independent loads, not a binary

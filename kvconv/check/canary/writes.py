@@ -104,9 +104,10 @@ def _outside_where(lo: int, hi: int, caches) -> str:
     c = caches[int(np.argmin(dist))]
     if hi <= int(c["base"]):
         first = (lo - int(c["base"])) // int(c["slot_bytes"])
-        return (f"{int(c['base']) - lo} bytes before cache {_name(c)!r} (id {int(c['cache_id'])}): slot {first}, "
-                f"as a slot id of -1 gives")
-    return f"{lo - int(c['base']) - int(c['size'])} bytes after the end of cache {_name(c)!r} (id {int(c['cache_id'])})"
+        return (f"{counted(int(c['base']) - lo, 'byte')} before cache {_name(c)!r} (id {int(c['cache_id'])}): "
+                f"slot {first}, as a slot id of -1 gives")
+    past = counted(lo - int(c["base"]) - int(c["size"]), "byte")
+    return f"{past} after the end of cache {_name(c)!r} (id {int(c['cache_id'])})"
 
 
 def check(d, *, path: str | None = None) -> WritesResult:
