@@ -209,7 +209,8 @@ def test_guide_block_runs(guide, gpu, kind, block, demo, folder):
             r = _shell(cmd, folder)
             assert (r.stdout + r.stderr).splitlines() == expected.splitlines(), (guide, cmd, r.stdout, r.stderr)
         return
-    _stage(folder, "guide", " ".join(w for w in block.split() if "/" not in w), demo)  # not what the block makes
+    words = [w for line in block.splitlines() if not line.lstrip().startswith("#") for w in line.split()]
+    _stage(folder, "guide", " ".join(w for w in words if "/" not in w), demo)  # not what the block makes
     r = _shell("set -e\n" + block, folder)  # a pipeline's status is its last command's, as in a user's shell
     assert r.returncode == 0 and "Traceback" not in r.stderr, (guide, block, r.stdout[-2000:], r.stderr[-2000:])
 

@@ -278,3 +278,9 @@ def test_usage_errors_are_one_line(args):
 def test_no_args_still_prints_the_help():
     r = run_cli()
     assert "Usage: kvconv" in r.stdout + r.stderr and "Commands" in r.stdout + r.stderr
+
+
+def test_quiet_diff_prints_what_changed_and_the_verdict():
+    r = run_cli("diff", BAD / "valid-small.kvdump", BAD / "checksum-mismatch.kvdump", "-q")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 1 and [x[0] for x in lines[:-1]] == ["!", "!"] and lines[-1].startswith("CHANGED")

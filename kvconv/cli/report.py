@@ -168,7 +168,7 @@ def diff_cmd(
     else:
         from kvconv.names import demangle_text  # kernel names demangled in the text, as recorded in --json
 
-        sys.stdout.write("\n".join(demangle_text(x) for x in diff.lines(res)) + "\n")
+        sys.stdout.write("\n".join(demangle_text(x) for x in diff.lines(res, quiet=quiet)) + "\n")
     sys.stdout.flush()
     raise typer.Exit(code)
 
