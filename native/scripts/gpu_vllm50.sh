@@ -125,7 +125,7 @@ plant_run() {  # plant_run NAME PLANTS [extra record args]: run.py with the plan
   shift 2
   mkdir -p "$RUN" && rm -f "$RUN/$name"*
   PYTHONPATH=$P:$PYTHONPATH KVCONV_PLANT=$plants KVCONV_VALUE=1 KVCONV_WRITE_CAPACITY=$WCAP timed "$name" \
-    $REC $K "$@" --writes --engine vllm --no-validate -o "$RUN/$name.kvdump" -- \
+    $REC $K "$@" --writes --engine vllm -o "$RUN/$name.kvdump" -- \
     python3 $P/run.py --probe-out "$RUN/$name.probe.kvdump"
   judge "$name"
 }
