@@ -5,7 +5,8 @@
 #   gpu_sglang49.sh stage                  copy the carried part(s) of .work/stage/sglang-0.5.17/ to /tmp/kvstage
 #   gpu_sglang49.sh setup                  the CLI's wheels, the tracer (built if not carried), the plugins' entry
 #                                          points, the bundle unpacked once all its parts are staged; versions
-#   gpu_sglang49.sh script                 the user's plain script (sgl.Engine, generate, shutdown) recorded
+#   gpu_sglang49.sh script [BACKEND]       the user's plain script (sgl.Engine, generate, shutdown) recorded;
+#                                          BACKEND triton (default) or flashinfer (its JIT compiles on first use)
 #   gpu_sglang49.sh server INT|TERM        launch_server, 16 HTTP requests 8 at a time, ended by SIGINT / SIGTERM
 #   gpu_sglang49.sh plants P..             sglang_plants (clean loc-shift freed-reuse outside-write two-stream)
 #                                          with --writes --engine sglang and the location canary
@@ -70,12 +71,15 @@ print('  $(basename "$f"): verdict', r.get('verdict'), 'errors', code('error'), 
     head -n 14 | cut -c1-300
 }
 
-script() {
-  rm -f "$D"/script.*
-  timed script $REC --writes --engine sglang --capture-range profiler -o "$D/script.kvdump" -- \
-    python3 $W/sglang_script.py
+script() {  # script [triton|flashinfer]
+  local be=${1:-triton} n=script
+  [ "$be" = triton ] || n=script-$be
+  rm -f "$D/$n".*
+  timed "$n" $REC --writes --engine sglang --capture-range profiler -o "$D/$n.kvdump" -- \
+    python3 $W/sglang_script.py --backend "$be"
   echo "record exit: $?"
-  judge script
+  grep -h "kvconv sglang plugin: engine end\|probe dump written\|caches registered" "$D/$n.log" | cut -c1-300
+  judge "$n"
 }
 
 server() {  # server INT|TERM
