@@ -173,3 +173,39 @@ def test_a_pool_in_the_hnd_layout_is_refused_by_name():
     _check_layout(type("P", (), {"kv_cache_layout": "nhd", "use_hnd": False})())
     with pytest.raises(RuntimeError, match="KV layout 'hnd': the plugin maps slots of the NHD layout only"):
         _check_layout(type("P", (), {"kv_cache_layout": "hnd", "use_hnd": True})())
+
+
+ARGS = """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import sglang_seed, sglang_server
+    print(sorted(sglang_seed.engine_args(cuda_graph_max_bs=8, cuda_graph_bs=[1, 2], disable_piecewise_cuda_graph=True,
+                                         kv_canary="none", mem_fraction_static=0.5).items()))
+    print(sglang_server.flags(skip_tokenizer_init=True, cuda_graph_max_bs=8, kv_canary="log", host=None))
+"""
+
+
+def _args(tmp_path, fields: str):
+    p = tmp_path / "fake" / "sglang" / "srt" / "server_args.py"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    for pkg in (p.parent.parent, p.parent):
+        (pkg / "__init__.py").write_text("")
+    p.write_text("import dataclasses\n@dataclasses.dataclass\nclass ServerArgs:\n" +
+                 "".join(f"    {f}: object = None\n" for f in fields.split()))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(ARGS), os.path.join(ROOT, "native", "workloads")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_workload_options_follow_the_installed_sglangs_names(tmp_path):
+    new = _args(tmp_path, "cuda_graph_max_bs_decode cuda_graph_bs_decode disable_prefill_cuda_graph kv_canary "
+                          "mem_fraction_static skip_tokenizer_init host")
+    assert new[0] == ("[('cuda_graph_bs_decode', [1, 2]), ('cuda_graph_max_bs_decode', 8), "
+                      "('disable_prefill_cuda_graph', True), ('kv_canary', 'none'), ('mem_fraction_static', 0.5)]")
+    assert new[1] == "['--skip-tokenizer-init', '--cuda-graph-max-bs-decode', '8', '--kv-canary', 'log']"
+    old = _args(tmp_path, "cuda_graph_max_bs cuda_graph_bs disable_piecewise_cuda_graph mem_fraction_static "
+                          "skip_tokenizer_init host")  # 0.5.12: no KV canary, "none" dropped
+    assert old[0] == ("[('cuda_graph_bs', [1, 2]), ('cuda_graph_max_bs', 8), ('disable_piecewise_cuda_graph', True), "
+                      "('mem_fraction_static', 0.5)]")
