@@ -30,7 +30,7 @@ G=native/scripts/gpu_engines.sh
 W=native/workloads
 export PYTHONUNBUFFERED=1 KVCONV_TRACER_LIB=$ROOT/native/build/libkvconv_tracer.so HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=$ROOT:/tmp/kvplug:/tmp/site:/tmp/$NAME/site
+export PYTHONPATH=$ROOT:/tmp/kvplug:/tmp/$NAME/site:/tmp/site  # SGLang's pins before the CLI's wheels
 export LD_LIBRARY_PATH=/tmp/$NAME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 REC="python3 -m kvconv record -k store_kvcache"
 mkdir -p "$D"
