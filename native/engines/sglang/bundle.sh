@@ -9,7 +9,10 @@
 # Per version (the pins of sglang's METADATA): 0.5.12 sglang-kernel 0.4.2.post2, flashinfer-python 0.6.11.post1,
 # the image's transformers 5.17 (sitecustomize.py lets SGLang register `qwen3_asr` again). 0.5.17 sglang-kernel
 # 0.4.5, flashinfer-python 0.6.15.post1 and transformers==5.12.1, carried with the tokenizers it accepts
-# (transformers checks `tokenizers<=0.23.0` at import; the image has 0.23.2): the pinned pair, not the image's.
+# (transformers checks `tokenizers<=0.23.0` at import; the image has 0.23.2): the pinned pair, not the image's; and,
+# of drop.txt's, xgrammar (0.5.17's server_args imports function_call/kimik3_detector.py, `from xgrammar import`)
+# and soundfile with cffi and pycparser (the HTTP server imports entrypoints/openai/streaming_asr.py: `import
+# soundfile`): found by a static scan of the module-level imports of the Engine, launch_server and scheduler paths.
 #
 # The tarball holds wheels/*.whl (every one rewritten uncompressed by repack.py, so that xz compresses across them),
 # lib/libnuma.so.1 (sgl_kernel/sm90/common_ops.abi3.so needs it; the image lacks it) and site/sitecustomize.py
@@ -23,9 +26,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 VERSION=${1:-0.5.12}
 case $VERSION in
-  0.5.12) NAME=sglang KERNEL=0.4.2.post2 FLASHINFER=0.6.11.post1 CARRY="" DROPS="drop.txt" ;;
+  0.5.12) NAME=sglang KERNEL=0.4.2.post2 FLASHINFER=0.6.11.post1 CARRY="" DROPS="drop.txt" KEEP="" ;;
   0.5.17) NAME=sglang-0.5.17 KERNEL=0.4.5 FLASHINFER=0.6.15.post1 CARRY="transformers tokenizers"
-          DROPS="drop.txt drop-0.5.17.txt" ;;
+          DROPS="drop.txt drop-0.5.17.txt" KEEP="xgrammar soundfile cffi pycparser" ;;
   *) echo "bundle.sh: no recipe for sglang $VERSION (0.5.12, 0.5.17)" >&2; exit 2 ;;
 esac
 STAGE=${STAGE:-$ROOT/.work/stage/$NAME}
@@ -48,13 +51,14 @@ printf '%s; sys_platform == "never"\n' torch torchvision torchaudio triton > ove
 echo "sglang==$VERSION" > req.in
 tools/bin/uv pip compile -q req.in --python-version 3.12 --python-platform x86_64-manylinux_2_34 \
   --overrides overrides.txt --no-header --no-annotate -o compiled.txt
-$PY - "$HERE" "$CARRY" $DROPS > deps.txt <<'EOF'
+$PY - "$HERE" "$CARRY" "$KEEP" $DROPS > deps.txt <<'EOF'
 import re, sys
-here, carry, drops = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+here, carry, keep, drops = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4:]
 norm = lambda n: re.sub(r"[-_.]+", "-", n.strip().lower())
 names = lambda f: {norm(l.split("#")[0]) for l in open(f"{here}/{f}") if l.split("#")[0].strip()}
 image = names("image-packages.txt") - {norm(c) for c in carry}  # CARRY: pinned versions the image's would break
-skip = image | set().union(*(names(d) for d in drops)) | {"sglang", "sglang-kernel", "flashinfer-python"}
+dropped = set().union(*(names(d) for d in drops)) - {norm(k) for k in keep}  # KEEP: drop.txt's that it imports
+skip = image | dropped | {"sglang", "sglang-kernel", "flashinfer-python"}
 for row in open("compiled.txt"):
     if "==" in row and norm(row.split("==")[0]) not in skip:
         print(row.strip())
