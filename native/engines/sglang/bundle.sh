@@ -67,8 +67,8 @@ rm -rf deps && mkdir deps
 tools/bin/pip "${PIPDL[@]}" -d deps -r deps.txt
 
 # 3. Every wheel stored uncompressed; sglang-kernel without what a dense model on Hopper never loads.
-for w in top/sglang-*.whl top/flashinfer_python-*.whl deps/*.whl; do
-  $PY "$HERE/repack.py" "$w" "wheels/$(basename "$w")" 2>/dev/null
+for w in top/sglang-*.whl top/flashinfer_python-*.whl deps/*.whl; do  # xgrammar (0.5.17) without its C++ static
+  $PY "$HERE/repack.py" "$w" "wheels/$(basename "$w")" --drop 'xgrammar/lib/*' 2>/dev/null  # library (65 MB)
 done
 w=$(ls top/sglang_kernel-*.whl)
 $PY "$HERE/repack.py" "$w" "wheels/$(basename "$w")" --drop 'sgl_kernel/flash_ops.abi3.so' \
