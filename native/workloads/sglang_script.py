@@ -7,7 +7,8 @@ the plugin, loaded by SGLang in this process too, lets the scheduler exit on its
 (kvconv/capture/engines/sglang_end.py), so the scheduler's dumps are finished and ``record`` exits 0 on a clean run.
 
     python3 native/workloads/sglang_script.py                      # the bundle on PYTHONPATH
-    kvconv record -k store_kvcache --writes --engine sglang -o run-%p.kvdump -- python3 native/workloads/sglang_script.py
+    kvconv record -k store_kvcache --writes --engine sglang -o run-%p.kvdump -- \
+        python3 native/workloads/sglang_script.py
 
 Prints one JSON line (tokens back per request, the engine's start and end seconds); exits 1 when a request came back
 with other than ``--tokens`` tokens.

@@ -1,4 +1,4 @@
-"""The second seed's request: SGLang (0.5.12, 0.5.17) decoding a dummy-weight Qwen3-14B under its CUDA graphs, on one GPU.
+"""The second seed's request: SGLang (0.5.12, 0.5.17) decoding a dummy-weight Qwen3-14B under its CUDA graphs, one GPU.
 
 Writes Qwen3-14B's config.json into a temp folder (no weights, no tokenizer: nothing can be fetched on the device),
 starts ``sgl.Engine`` with load_format="dummy", the triton attention backend and pytorch sampling, and generates

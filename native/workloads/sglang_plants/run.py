@@ -1,6 +1,6 @@
 """The workload of the SGLang plant runs: eight greedy requests on Qwen3-14B's shape (dummy weights) through SGLang
-0.5.12's or 0.5.17's offline ``Engine``, at most four running, so that requests finish, give their slots back and waiting ones
-are admitted (prefill beside decodes) while others decode in the CUDA graphs.
+0.5.12's or 0.5.17's offline ``Engine``, at most four running, so that requests finish, give their slots back and
+waiting ones are admitted (prefill beside decodes) while others decode in the CUDA graphs.
 
     $ KVCONV_ENGINE=sglang KVCONV_CANARY=1 python native/workloads/sglang_plants/run.py --probe-out /tmp/p.kvdump
 

@@ -163,9 +163,10 @@ def patch_loc_shift_0517(mod) -> None:
 class _Reuse:
     """freed-reuse's bookkeeping: slot ``x`` handed to a second request, slot ``y`` (the free slot it displaced) kept
     aside, so that the allocator's books still balance when both owners give ``x`` back: the first free of ``x``
-    frees ``y`` instead (``x`` is still held by the other owner, whose free returns it). Else SGLang's idle check (0.5.17 ``invariant_checker.py``: a double free, a count off by
-    one; 0.5.12 ``check_memory``'s leak count) raises in the scheduler and the run dies (issue 40's exit 137) before
-    the write canary could judge: the bug planted is the write, not the books."""
+    frees ``y`` instead (``x`` is still held by the other owner, whose free returns it). Else SGLang's idle check
+    (0.5.17 ``invariant_checker.py``: a double free, a count off by one; 0.5.12 ``check_memory``'s leak count) raises
+    in the scheduler and the run dies (issue 40's exit 137) before the write canary could judge: the bug planted is
+    the write, not the books."""
     x = y = None
     freed_x = 0
 
