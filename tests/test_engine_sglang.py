@@ -41,7 +41,10 @@ FAKE = {
             def apply_hooks(cls):
                 for target, hook, _ in cls._hooks:
                     path, name = target.rsplit(".", 1)
-                    owner = pkgutil.resolve_name(path)
+                    try:  # as SGLang's: a target that does not resolve is logged and skipped
+                        owner = pkgutil.resolve_name(path)
+                    except (ImportError, AttributeError):
+                        continue
                     orig = getattr(owner, name)
                     def wrapper(*a, _o=orig, _h=hook, **kw):
                         return _h(_o, *a, **kw)
@@ -185,7 +188,7 @@ def test_without_sglangs_hook_registry_it_says_so_and_records_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVCONV_")} | {"KVCONV_ENGINE": "sglang"}
     p = subprocess.run([sys.executable, "-c", "from kvconv.capture.engines import sglang; sglang.register()"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    assert p.returncode == 0 and "SGLang 0.5.12's plugin hooks are needed; nothing is recorded" in p.stderr
+    assert p.returncode == 0 and "SGLang's plugin hooks (0.5.12 or later) are needed; nothing is recorded" in p.stderr
 
 
 # ---- the rows ----

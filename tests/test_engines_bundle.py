@@ -157,3 +157,30 @@ def test_seed_script_arguments_and_missing_vllm():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-S", str(SEED), "--in-process"], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and r.stderr.startswith("vllm_seed.py: cannot import vllm")
+
+
+SCAN = ROOT / "native" / "engines" / "sglang" / "import_scan.py"
+
+
+def test_import_scan_names_a_module_level_import_the_bundle_lacks_with_its_chain(tmp_path):
+    site = tmp_path / "site"
+    files = {
+        "sglang/__init__.py": "from .srt import args\n",
+        "sglang/srt/__init__.py": "",
+        "sglang/srt/args.py": "import json\nfrom sglang.srt.parsers import kimi\n",
+        "sglang/srt/parsers/__init__.py": "",
+        "sglang/srt/parsers/kimi.py": ("from xgrammar import StructuralTag\nimport numpy\n"
+                                       "try:\n    import outlines\nexcept ImportError:\n    outlines = None\n"
+                                       "if False:\n    import torch_npu\n"
+                                       "def lazy():\n    import soundfile\n"),
+        "numpy/__init__.py": "",
+    }
+    for name, text in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    r = subprocess.run([sys.executable, str(SCAN), str(site), "sglang"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.splitlines() == ["missing xgrammar: sglang.srt.parsers.kimi <- sglang.srt.args <- sglang"]
+    (site / "xgrammar.py").write_text("")
+    r = subprocess.run([sys.executable, str(SCAN), str(site), "sglang"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "" and "0 missing" in r.stderr

@@ -1,4 +1,4 @@
-"""The second seed's request: SGLang 0.5.12 decoding a dummy-weight Qwen3-14B under its CUDA graphs, on one GPU.
+"""The second seed's request: SGLang (0.5.12, 0.5.17) decoding a dummy-weight Qwen3-14B under its CUDA graphs, one GPU.
 
 Writes Qwen3-14B's config.json into a temp folder (no weights, no tokenizer: nothing can be fetched on the device),
 starts ``sgl.Engine`` with load_format="dummy", the triton attention backend and pytorch sampling, and generates
@@ -61,10 +61,15 @@ def parse(argv):
                     "SGLang's, from mem_fraction_static): a small pool keeps the location canary's snapshots small")
     ap.add_argument("--end", choices=("drain", "kill"), default="drain",
                     help="drain: wait for an idle scheduler, SIGTERM the children, then shut down (default); kill: "
-                         "Engine.shutdown() alone (SIGKILL)")
+                         "Engine.shutdown() alone, as a user ends it (SIGKILL, unless kvconv's plugin lets the "
+                         "schedulers exit first)")
     ap.add_argument("--range", choices=("none", "profiler"), default="none",
                     help="profiler: the measured calls between SGLang's start_profile/stop_profile (CUDA_PROFILER)")
     ap.add_argument("--rounds", type=int, default=1, help="throughput mode: timed rounds (default 1)")
+    ap.add_argument("--backend", choices=("triton", "flashinfer"), default="triton",
+                    help="SGLang's attention backend (default triton)")
+    ap.add_argument("--kv-canary", choices=("none", "log", "raise"), default="none",
+                    help="SGLang's own KV canary (0.5.17; default none)")
     ap.add_argument("--torch-profile", metavar="DIR", help="throughput mode: as many rounds again under torch.profiler "
                     "(SGLang's start_profile(activities=[CPU, GPU])), traces written to DIR")
     a = ap.parse_args(argv)
@@ -79,13 +84,36 @@ def parse(argv):
     return a
 
 
+# SGLang 0.5.12's names of the CUDA-graph options -> 0.5.17's (server_args.py: per phase, decode / prefill)
+RENAMED = {"cuda_graph_max_bs": "cuda_graph_max_bs_decode", "cuda_graph_bs": "cuda_graph_bs_decode",
+           "disable_piecewise_cuda_graph": "disable_prefill_cuda_graph"}
+
+
+def engine_args(**kw) -> dict:
+    """``kw`` with 0.5.12's option names renamed where the installed SGLang has only the new ones (0.5.17);
+    ``kv_canary`` dropped where SGLang has no KV canary (0.5.12) and it is "none"."""
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    out = {}
+    for k, v in kw.items():
+        k = RENAMED[k] if k not in names and RENAMED.get(k) in names else k
+        if k.startswith("kv_canary") and k not in names and v in ("none", None):
+            continue
+        out[k] = v
+    return out
+
+
 def start(model_dir, a):
     import sglang as sgl  # the bundle's; imported late so that --help works without it
 
-    return sgl.Engine(model_path=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                      attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=0.5,
-                      disable_radix_cache=True, cuda_graph_max_bs=a.graph_max_bs, log_level="warning",
-                      **({"max_total_tokens": a.pool} if a.pool else {}))
+    return sgl.Engine(**engine_args(
+        model_path=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+        attention_backend=a.backend, sampling_backend="pytorch", mem_fraction_static=0.5, disable_radix_cache=True,
+        cuda_graph_max_bs=a.graph_max_bs, log_level="warning", kv_canary=a.kv_canary,
+        **({"max_total_tokens": a.pool} if a.pool else {})))
 
 
 def generate(engine, n, a, tokens=None):
@@ -136,7 +164,7 @@ def run(engine, a):
     """The seed run (one call of --batch) or throughput mode (--rounds rounds, then as many under torch.profiler
     with --torch-profile); the result dict."""
     res = {"engine": "sglang", "model": "Qwen3-14B config, dummy weights", "batch": a.batch, "tokens": a.tokens,
-           "prompt_len": a.prompt_len, "range": a.range}
+           "prompt_len": a.prompt_len, "range": a.range, "backend": a.backend, "kv_canary": a.kv_canary}
     cuda = "cuda" if a.range == "profiler" else None
     if a.requests is None:
         with measured(engine, cuda):

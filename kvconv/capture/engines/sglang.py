@@ -1,4 +1,4 @@
-"""kvconv's probes inside an unmodified SGLang (0.5.12): the ``sglang.srt.plugins`` entry point.
+"""kvconv's probes inside an unmodified SGLang (0.5.12, 0.5.17): the ``sglang.srt.plugins`` entry point.
 
 SGLang calls :func:`register` in every process that runs ``load_plugins()`` (the engine, and its scheduler child
 before the ``Scheduler`` is built: ``srt/managers/scheduler.py:3999`` of the 0.5.12 wheel). With
@@ -24,6 +24,13 @@ nothing of SGLang's files is edited:
   (``Engine.shutdown`` -> ``kill_process_tree``, ``srt/utils/common.py:1149``), where no exit handler runs, so a
   harness calls ``engine.flush_cache()`` before it shuts the engine down; ``KVCONV_PROBE_STEPS`` (write after that many
   steps) and a normal interpreter exit write it too.
+- In the engine's own process (not a scheduler child): ``Engine.shutdown`` and ``http_server.launch_server``, so
+  that a user's own ending (``llm.shutdown()``, a server's SIGINT) first lets the schedulers exit normally, their
+  dumps finished (:mod:`kvconv.capture.engines.sglang_end`).
+
+Paths above are 0.5.12's; 0.5.17 keeps the hooked names (``model_runner.py:1382``, ``mem_cache/common.py:132``,
+``managers/scheduler.py:4135``) and renames the graph runners (``decode_cuda_graph_runner``,
+``prefill_cuda_graph_runner``), which :func:`_graph_runner` reads under either name.
 
 Under ``kvconv record --capture-range profiler`` the plugin opens the tracer's range at the first forward
 (``cudaProfilerStart``) and closes it when the dump is written: SGLang's warm-up (thousands of eager KV writes) stays
@@ -69,12 +76,18 @@ def register() -> None:
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     except ImportError as e:
-        print(f"kvconv sglang plugin: no sglang.srt.plugins.hook_registry ({e}): SGLang 0.5.12's plugin hooks are "
-              f"needed; nothing is recorded", file=sys.stderr, flush=True)
+        print(f"kvconv sglang plugin: no sglang.srt.plugins.hook_registry ({e}): SGLang's plugin hooks (0.5.12 "
+              f"or later) are needed; nothing is recorded", file=sys.stderr, flush=True)
         return
     HookRegistry.register(FORWARD, around_forward, HookType.AROUND)
     HookRegistry.register(RELEASE, around_release, HookType.AROUND)
     HookRegistry.register(FLUSH, around_flush, HookType.AROUND)
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:  # the engine's own process, not a scheduler child: its ending
+        from kvconv.capture.engines import sglang_end
+
+        sglang_end.register(HookRegistry, HookType)
 
 
 # ---- pure functions: a ForwardBatch's host arrays -> the probe's rows (tests/test_engine_sglang.py) ----
@@ -165,6 +178,7 @@ class _Session:
         r = self.runner
         pool, alloc = r.token_to_kv_pool, r.token_to_kv_pool_allocator
         page = int(getattr(alloc, "page_size", 1) or 1)
+        _check_layout(pool)
         caches = pool_caches(getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None), page,
                              int(getattr(pool, "start_layer", 0) or 0))
         meta = {"producer": "kvconv.capture.engines.sglang", "engine": "sglang", "sglang_version": version_of("sglang"),
@@ -203,13 +217,16 @@ class _Session:
     def padded_rows(self, fb, n: int) -> int:
         """The rows the forward writes: a decode replay pads the batch to a captured size, a piecewise prefill replay
         its tokens to a captured count (``piecewise_cuda_graph_runner.py:656``), both with slot 0; as
-        ``ModelRunner._forward_raw`` / ``forward_extend`` decide (``model_runner.py:3390``, ``:3202``)."""
+        ``ModelRunner._forward_raw`` / ``forward_extend`` decide (``model_runner.py:3390``, ``:3202``). SGLang 0.5.17
+        names them ``decode_cuda_graph_runner`` / ``prefill_cuda_graph_runner`` (``can_run_graph``; the decode
+        graph's tokens per request ``captured_req_width``; pads zeroed by the buffer registry's ZERO policy)."""
         mode, r = fb.forward_mode, self.runner
-        g = getattr(r, "graph_runner", None)
-        if mode.is_cuda_graph() and g is not None and g.can_run(fb):
-            return max(n, graph_rows(g.capture_bs, int(fb.batch_size), int(getattr(g, "num_tokens_per_bs", 1))))
-        pw = getattr(r, "piecewise_cuda_graph_runner", None)
-        if not mode.is_decode() and mode.is_extend() and pw is not None and pw.can_run(fb):
+        g, runs = _graph_runner(r, "decode_cuda_graph_runner", "graph_runner")
+        if mode.is_cuda_graph() and runs(fb):
+            width = getattr(g, "captured_req_width", None) or getattr(g, "num_tokens_per_bs", 1)
+            return max(n, graph_rows(g.capture_bs, int(fb.batch_size), int(width)))
+        pw, runs = _graph_runner(r, "prefill_cuda_graph_runner", "piecewise_cuda_graph_runner")
+        if not mode.is_decode() and mode.is_extend() and runs(fb):
             return max(n, graph_rows(pw.capture_num_tokens, n))
         return n
 
@@ -243,6 +260,24 @@ class _Session:
         rec.close()
         _profiler_range(False)
         print(f"kvconv sglang plugin: probe dump written: {rec.path} ({self.step} steps)", file=sys.stderr, flush=True)
+
+
+def _graph_runner(runner, name: str, old_name: str):
+    """(graph runner, can-it-replay(fb)) of ``runner`` under SGLang 0.5.17's name or 0.5.12's; an eager stand-in
+    (0.5.17's ``EagerRunner``) or none: (None, never)."""
+    g = getattr(runner, name, None) or getattr(runner, old_name, None)
+    if g is None or type(g).__name__ == "EagerRunner":
+        return None, lambda fb: False
+    return g, getattr(g, "can_run_graph", None) or g.can_run
+
+
+def _check_layout(pool) -> None:
+    """The plugin reads a slot as a row of each layer's buffer: SGLang's NHD layout (the default); its HND
+    (``SGLANG_USE_HND_KVCACHE``) and vectorized layouts scatter a slot over a page."""
+    layout = getattr(pool, "kv_cache_layout", "nhd")
+    if getattr(pool, "use_hnd", False) or layout not in ("nhd", None):
+        raise RuntimeError(f"KV layout {'hnd' if getattr(pool, 'use_hnd', False) else layout!r}: the plugin maps "
+                           f"slots of the NHD layout only (one row per slot)")
 
 
 def _location_canary(recorder, caches, page: int):

@@ -1,4 +1,4 @@
-"""Planted engine bugs in an unmodified SGLang 0.5.12, for kvconv's canaries to catch (issue 40).
+"""Planted engine bugs in an unmodified SGLang (0.5.12, 0.5.17), for kvconv's canaries to catch (issues 40, 49).
 
 With this folder first on PYTHONPATH, Python imports this file at start-up in every process SGLang starts (the
 scheduler child too); ``KVCONV_PLANT=<name>`` picks the bug, which is patched into SGLang's classes right after their
@@ -19,14 +19,21 @@ Read against the sglang-0.5.12 wheel (paths under ``sglang/``):
   (``ScheduleBatch.prepare_for_decode``, ``srt/managers/schedule_batch.py:2286``, which calls ``alloc_for_decode``,
   ``srt/mem_cache/common.py:524``), the first prompt slot of batch row 1's request, still in its ``req_to_token`` row
   and read by every later step, is put back at the head of the allocator's free list
-  (``TokenToKVPoolAllocator.free_pages``, ``srt/mem_cache/allocator.py:121``): row 0's request is handed it;
+  (``TokenToKVPoolAllocator.free_pages``, ``srt/mem_cache/allocator.py:121``): row 0's request is handed it, in
+  place of the free slot it would have had; that slot is freed when the first owner frees the shared one, so the
+  allocator's books balance at the end and SGLang's own idle checks do not end the run (issue 49: the 0.5.12 run
+  died, exit 137, and nothing was judged);
 - ``outside-write``: in the forward of the first decode step >= KVCONV_PLANT_STEP, one more ``store_kvcache`` launch
   (``MHATokenToKVPool.set_kv_buffer``, ``srt/mem_cache/memory_pool.py:1047``, layer KVCONV_PLANT_LAYER) writes batch
   row 0's request's first prompt slot: a page outside the step's set, on the forward's own stream;
 - ``two-stream``: the same write from a second CUDA stream, ordered after the forward stream's work so far (the
   canary's snapshot) but not before the replay that reads that page (the second seed's overlap race).
 
-KVCONV_PLANT_STEP defaults to 6, KVCONV_PLANT_LAYER to 1.
+KVCONV_PLANT_STEP defaults to 6, KVCONV_PLANT_LAYER to 1. SGLang 0.5.17 (``sglang-0.5.17`` bundle): ``loc-shift``
+patches ``DecodeCudaGraphRunner.load_batch`` (``srt/model_executor/runner/decode_cuda_graph_runner.py:1036``; the
+static buffers are filled by its buffer registry, ``populate_from_forward_batch`` is no longer called); the others
+act on names 0.5.17 keeps (``ScheduleBatch.prepare_for_decode`` ``:2949``, ``MHATokenToKVPool.set_kv_buffer``
+``srt/mem_cache/memory_pool.py:2305``).
 """
 
 import importlib.util
@@ -134,20 +141,72 @@ def patch_loc_shift(mod) -> None:
     wrap(mod.DecodeInputBuffers, "populate_from_forward_batch", make)
 
 
+def patch_loc_shift_0517(mod) -> None:
+    """SGLang 0.5.17: the decode graph's static buffers are filled in ``DecodeCudaGraphRunner.load_batch``
+    (``model_executor/runner/decode_cuda_graph_runner.py:1036``, the buffer registry's ``fill_from``)."""
+    def make(orig):
+        def load_batch(self, forward_batch, *a, **kw):
+            out = orig(self, forward_batch, *a, **kw)
+            n = int(getattr(self, "raw_num_token", 0) or 0)
+            if not S.done and S.step >= STEP and n and forward_batch.forward_mode.is_decode():
+                S.done = True
+                loc = self.buffers.out_cache_loc
+                old = int(loc[0].item())
+                loc[0] += n
+                say(f"step {S.step}: {named(forward_batch.rids[0])} (batch row 0): slot {old} -> {old + n} in the "
+                    f"graph's out_cache_loc, every layer")
+            return out
+        return load_batch
+    wrap(mod.DecodeCudaGraphRunner, "load_batch", make)
+
+
+class _Reuse:
+    """freed-reuse's bookkeeping: slot ``x`` handed to a second request, slot ``y`` (the free slot it displaced) kept
+    aside, so that the allocator's books still balance when both owners give ``x`` back: the first free of ``x``
+    frees ``y`` instead (``x`` is still held by the other owner, whose free returns it). Else SGLang's idle check
+    (0.5.17 ``invariant_checker.py``: a double free, a count off by one; 0.5.12 ``check_memory``'s leak count) raises
+    in the scheduler and the run dies (issue 40's exit 137) before the write canary could judge: the bug planted is
+    the write, not the books."""
+    x = y = None
+    freed_x = 0
+
+
+R = _Reuse()
+
+
+def _balanced_free(alloc):
+    import torch
+
+    free = alloc.free
+
+    def free_once(index, *a, **kw):
+        if R.x is not None and isinstance(index, torch.Tensor) and index.numel():
+            hit = index == R.x
+            if bool(hit.any()):
+                R.freed_x += 1
+                if R.freed_x == 1:  # the first owner's free: the displaced slot instead (x is still held)
+                    index = torch.where(hit, torch.full_like(index, R.y), index)
+                    say(f"slot {R.x} freed by its first owner: slot {R.y} freed in its place (the books balance)")
+        return free(index, *a, **kw)
+
+    alloc.free = free_once
+
+
 def patch_freed_reuse(mod) -> None:
     def make(orig):
         def prepare_for_decode(self, *a, **kw):
             if not S.done and S.step >= STEP and S.runner is not None and len(self.reqs) >= 2:
-                import torch
-
                 S.done = True
                 victim = self.reqs[1]
                 slot = first_slot(S.runner, victim.req_pool_idx)
-                alloc = self.token_to_kv_pool_allocator
-                alloc.free_pages = torch.cat((torch.tensor([slot], dtype=alloc.free_pages.dtype,
-                                                           device=alloc.free_pages.device), alloc.free_pages))
+                alloc = getattr(self, "token_to_kv_pool_allocator", None) or \
+                    self.tree_cache.token_to_kv_pool_allocator
+                R.x, R.y = slot, int(alloc.free_pages[0].item())
+                alloc.free_pages = alloc.free_pages.clone()
+                alloc.free_pages[0] = slot  # the next slot handed out (batch row 0's) is the victim's
+                _balanced_free(alloc)
                 say(f"step {S.step}: slot {slot}, {named(victim.rid)}'s first prompt slot, freed while it runs and "
-                    f"handed to batch row 0, {named(self.reqs[0].rid)}")
+                    f"handed to batch row 0, {named(self.reqs[0].rid)} (free slot {R.y} kept aside)")
             return orig(self, *a, **kw)
         return prepare_for_decode
     wrap(mod.ScheduleBatch, "prepare_for_decode", make)
@@ -173,7 +232,8 @@ def install() -> None:
 
     after_import("sglang.srt.model_executor.model_runner", patch_runner)
     if PLANT == "loc-shift":
-        after_import("sglang.srt.model_executor.cuda_graph_runner", patch_loc_shift)
+        after_import("sglang.srt.model_executor.cuda_graph_runner", patch_loc_shift)  # 0.5.12
+        after_import("sglang.srt.model_executor.runner.decode_cuda_graph_runner", patch_loc_shift_0517)
     elif PLANT == "freed-reuse":
         after_import("sglang.srt.managers.schedule_batch", patch_freed_reuse)
     say(f"armed in process {os.getpid()} (step >= {STEP}, layer {LAYER})")
