@@ -72,6 +72,7 @@ def _one(dr, popts, done: list):
     """One dump's reconciliation: its text, JSON and exit status (on validate's scale: kvconv.check.verdict)."""
     from kvconv.check import verdict
     from kvconv.cli.common import Outcome
+    from kvconv.format import holds
     from kvconv.names import demangle_text  # kernel names demangled in the text, kept as they are in --json
     from kvconv.progress import Progress
 
@@ -80,6 +81,7 @@ def _one(dr, popts, done: list):
         r = dr.reconcile(tables=False)  # the report only (no per-event table): memory bounded by the host records
     # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
     cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
+    cut = holds.salvaged(dr.reader)  # --salvage of a file cut short: what it lost is unknown, never ok
     dr.close()
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
@@ -87,7 +89,7 @@ def _one(dr, popts, done: list):
         rep["summary"]["warning"] += 1
         lines.append(cov.line())
     done.append((dr.path, r, rep, cov is not None))
-    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov)]
+    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov, cut=cut)]
     return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
 
 
@@ -101,6 +103,10 @@ def _status(done: list, outcomes: list) -> str:
     nothing = sum(1 for *_, none in done if none)
     if nothing and status == "ok":
         status = f"{verdict.STATES['nothing-checked']} ({counted(nothing, 'dump')} with no target launch)"
+    cut = sum(1 for o in outcomes if o.error is None and o.exit == verdict.EXIT_CODES["incomplete"])
+    if cut and status == "ok":  # --salvage of files cut short: what they hold agrees, what was cut off is unknown
+        status = (f"{verdict.STATES['incomplete']} ({counted(cut, 'dump')} cut short, read with --salvage: what "
+                  "is left agrees, what was cut off is not known)")
     bad = [o.exit for o in outcomes if o.error is not None]
     if not bad:
         return status
