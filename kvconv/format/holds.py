@@ -9,7 +9,9 @@ The evidence, strongest first (:func:`promised`):
   device_event, graph_node and eager_launch groups (the tracer writes all six, empty ones too), with the records the
   entry counts.
 - a finished dump's counters: ``target_launches`` > 0 promises a launch group (graph_node or eager_launch) and a
-  device_event group.
+  device_event group;
+- groups written together: a canary group promises its canary_pages, a write_step group its slot_map, and in a
+  tracer dump a cache group its slot_write group (each written right after the other).
 
 A live dump (``written_at: live``, a live group) promises nothing: it is judged unfinished already.
 
@@ -98,6 +100,20 @@ def promised(d, meta: dict) -> list[Promise]:
     if _int(counters.get("target_launches")):
         field = "metadata.counters.target_launches"
         out += [Promise(LAUNCH_KINDS, None, 1, None, field), Promise(("device_event",), None, 1, None, field)]
+    return out + _pairs(d, meta.get("tool"))
+
+
+# Groups their producers write together, the first before the second: a file holding the first and not the second
+# was cut between them. (tool: the producer it holds for; None: every producer)
+PAIRS = (("canary", "canary_pages", None), ("write_step", "slot_map", None), ("cache", "slot_write", "kvconv-tracer"))
+
+
+def _pairs(d, tool) -> list[Promise]:
+    out = []
+    for first, second, by in PAIRS:
+        if by is None or by == tool:
+            ctxs = dict.fromkeys(g.context_id for g in d.groups_of(first))
+            out += [Promise((second,), c, 1, None, f"{first} group") for c in ctxs]
     return out
 
 
@@ -135,12 +151,13 @@ def padding_cut(d) -> int:
 
 
 def message(losses: list[Loss], pad: int) -> str:
-    """The finding's text: what the file lacks, counted."""
+    """The finding's text: what the file lacks, counted, and the metadata fields that promised it."""
     if not losses:
-        return f"the file ends {pad} bytes into its last group's 8-byte padding: cut short"
+        return f"cut short: the file ends {pad} bytes into its last group's 8-byte padding"
     fields = sorted({x.promise.field for x in losses})
-    return (f"cut short: the file lacks {', '.join(x.text() for x in losses)} that its "
-            f"{' and '.join(fields)} promise{'s' if len(fields) == 1 else ''}")
+    parts = [x.text() for x in losses]
+    what = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return f"cut short: the file lacks {what} that {' and '.join(fields)} promise{'s' if len(fields) == 1 else ''}"
 
 
 def kept_nothing(d) -> bool:
@@ -161,8 +178,8 @@ def problem(d, *, salvage: bool):
     if not losses and not pad:
         return None
     fld = losses[0].promise.field if losses else "header.record_count"
-    hint = ("the producer finished it, so it was cut short afterwards (a partial copy or download, a full disk); "
-            + ("what was lost is counted; results cover the rest" if salvage else "read the rest with --salvage"))
+    hint = ("its producer finished it: it was cut afterwards, by a partial copy or download or a full disk; "
+            + ("results cover what is left" if salvage else "read what is left with --salvage"))
     return Finding("warning" if salvage else "error", "cut-short", f"{message(losses, pad)} ({hint})", path=d.path,
                    offset=d.size, field=fld)
 
