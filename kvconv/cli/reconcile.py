@@ -59,9 +59,9 @@ def reconcile_cmd(
                                                      salvage=salvage))
     run.options.reconcile_options()  # a bad --join is refused before any work
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
-    done: list[tuple] = []  # (path, result, its JSON, nothing checked)
+    done: list[tuple] = []  # (path, result, its JSON, nothing checked, incomplete: "cut" | "unfinished" | None)
     outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
-    cross = skew.cross_dump([p for p, _, _, _ in done], [rep for _, _, rep, _ in done])
+    cross = skew.cross_dump([x[0] for x in done], [x[2] for x in done])
     status = _status(done, outcomes)
     if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
         status = "\n".join(skew.lines(cross) + [status])
@@ -81,15 +81,16 @@ def _one(dr, popts, done: list):
         r = dr.reconcile(tables=False)  # the report only (no per-event table): memory bounded by the host records
     # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
     cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
-    cut = holds.salvaged(dr.reader)  # --salvage of a file cut short: what it lost is unknown, never ok
+    # what the dump lacks makes it incomplete, as validate says: cut short (--salvage), or left live by its producer
+    why = "cut" if holds.salvaged(dr.reader) else "unfinished" if any(g.live for g in dr.reader.groups) else None
     dr.close()
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
         rep["findings"].append(cov.to_dict())
         rep["summary"]["warning"] += 1
         lines.append(cov.line())
-    done.append((dr.path, r, rep, cov is not None))
-    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov, cut=cut)]
+    done.append((dr.path, r, rep, cov is not None, why))
+    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov, cut=why is not None)]
     return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
 
 
@@ -99,14 +100,15 @@ def _status(done: list, outcomes: list) -> str:
     from kvconv.check import reconcile, verdict
     from kvconv.wording import counted
 
-    status = reconcile.status_line([r for _, r, _, _ in done]) if done else ""
-    nothing = sum(1 for *_, none in done if none)
+    status = reconcile.status_line([x[1] for x in done]) if done else ""
+    nothing = sum(1 for x in done if x[3])
     if nothing and status == "ok":
         status = f"{verdict.STATES['nothing-checked']} ({counted(nothing, 'dump')} with no target launch)"
-    cut = sum(1 for o in outcomes if o.error is None and o.exit == verdict.EXIT_CODES["incomplete"])
-    if cut and status == "ok":  # --salvage of files cut short: what they hold agrees, what was cut off is unknown
-        status = (f"{verdict.STATES['incomplete']} ({counted(cut, 'dump')} cut short, read with --salvage: what "
-                  "is left agrees, what was cut off is not known)")
+    cut, live = (sum(1 for x in done if x[4] == w) for w in ("cut", "unfinished"))
+    if (cut or live) and status == "ok":  # what they hold agrees; what they lack is not known
+        why = [f"{counted(cut, 'dump')} cut short, read with --salvage"] if cut else []
+        why += [f"{counted(live, 'dump')} left unfinished by {'its' if live == 1 else 'their'} producer"] if live else []
+        status = f"{verdict.STATES['incomplete']} ({'; '.join(why)}: what is there agrees, the rest is not known)"
     bad = [o.exit for o in outcomes if o.error is not None]
     if not bad:
         return status
