@@ -58,8 +58,9 @@ def cuts(path) -> list[tuple[int, str]]:
     while pos + layout.HEADER_SIZE <= size:
         h = np.frombuffer(os.pread(raw.fileno(), layout.HEADER_SIZE, pos), dtype=layout.HEADER_DTYPE)[0]
         n = int(h["record_count"]) * int(h["record_size"])
-        live = int(h["flags"]) & layout.ENUMS["header_flags"]["live"]
-        end = pos + layout.HEADER_SIZE + layout.padded(max(n, int(h["capacity"]) * int(h["record_size"]) if live else 0))
+        live = int(h["flags"]) & layout.ENUMS["header_flags"]["live"]  # a live group reserves its capacity
+        reserved = int(h["capacity"]) * int(h["record_size"]) if live else 0
+        end = pos + layout.HEADER_SIZE + layout.padded(max(n, reserved))
         kind = layout.KINDS_BY_ID.get(int(h["record_kind"]))
         spans.append((pos, n, end, kind.name if kind else "unknown"))
         pos = end

@@ -107,7 +107,7 @@ def _status(done: list, outcomes: list) -> str:
     cut, live = (sum(1 for x in done if x[4] == w) for w in ("cut", "unfinished"))
     if (cut or live) and status == "ok":  # what they hold agrees; what they lack is not known
         why = [f"{counted(cut, 'dump')} cut short, read with --salvage"] if cut else []
-        why += [f"{counted(live, 'dump')} left unfinished by {'its' if live == 1 else 'their'} producer"] if live else []
+        why += [f"{counted(live, 'dump')} left unfinished by {'its' if live == 1 else 'their'} producer"] * bool(live)
         status = f"{verdict.STATES['incomplete']} ({'; '.join(why)}: what is there agrees, the rest is not known)"
     bad = [o.exit for o in outcomes if o.error is not None]
     if not bad:
