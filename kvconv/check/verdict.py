@@ -47,9 +47,9 @@ def exit_table() -> str:
     """docs/CLI.md's table of verdicts, their words and exit statuses (python -m kvconv.formatdoc cli)."""
     rows = ["| verdict | exit | validate says | canary, report and the converters say | means |",
             "| --- | --- | --- | --- | --- |"]
-    rows += [f"| `{k}` | {v['exit']} | {v['label']}" + (f"; a cut file read with --salvage: {v['label_cut']}"
-                                                          if "label_cut" in v else "")
-             + f" | {v['state']} | {v['means']} |" for k, v in _TABLE.items()]
+    rows += [f"| `{k}` | {v['exit']} | {v['label']} | {v['state']} | {v['means']}"
+             + (f" Validate says of a cut file read with --salvage: {v['label_cut']}." if "label_cut" in v else "")
+             + " |" for k, v in _TABLE.items()]
     note = load_json_schema("codes.json")["verdicts"].get("$comment", "")
     return "\n".join(rows) + "\n\n" + note + "\n"
 

@@ -49,6 +49,7 @@ class Promise:
     groups: int
     records: int | None
     field: str
+    exact: bool = False  # its records count too (holds); else only its groups (contexts[]: counted a moment apart)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def promised(d, meta: dict) -> list[Promise]:
         return []
     holds = meta.get("holds")
     if isinstance(holds, dict) and isinstance(holds.get("kinds"), dict):
-        return [Promise((k,), None, int(v.get("groups", 0)), _int(v.get("records")), "metadata.holds")
+        return [Promise((k,), None, int(v.get("groups", 0)), _int(v.get("records")), "metadata.holds", True)
                 for k, v in holds["kinds"].items() if isinstance(v, dict) and k in layout.KINDS]
     out: list[Promise] = []
     if meta.get("tool") == "kvconv-tracer" and isinstance(meta.get("contexts"), list):
@@ -134,7 +135,7 @@ def lost(d, meta: dict | None = None) -> list[Loss]:
         cut = sum(g.lost_records for g in gs)
         have = sum(len(g.records) + g.lost_records for g in gs)
         records = max(p.records - have, 0) + cut if p.records is not None else (cut or None)
-        if missing or (records and p.records is not None and p.records > have):
+        if missing or (p.exact and records and p.records is not None and p.records > have):
             out.append(Loss(p, missing, records))
     return out
 
