@@ -152,9 +152,17 @@ QWEN = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
 SINGLE = FIXTURES / "h200-single" / "single.kvdump"
 
 
-@pytest.mark.parametrize("src,at", [(QWEN, 784), (QWEN, 1120), (QWEN, 1216), (QWEN, 1408), (QWEN, 114552),
-                                    (SINGLE, 1512), (SINGLE, 1720), (SINGLE, 1848), (SINGLE, 114552)])
-def test_the_issues_cuts_are_unreadable_then_counted(src, at, tmp_path):
+def _after(src, k: int) -> int:
+    """The byte where group ``k`` of ``src`` ends (the issue's offsets in qwen3-14b, 784 ... 1,408, are its groups
+    0..3 before it carried holds)."""
+    with dump.open(src) as d:
+        return d.groups[k + 1].offset
+
+
+@pytest.mark.parametrize("src,k", [(QWEN, 0), (QWEN, 1), (QWEN, 2), (QWEN, 3), (QWEN, 4), (QWEN, 5),
+                                   (SINGLE, 0), (SINGLE, 2), (SINGLE, 3), (SINGLE, 4), (SINGLE, 5)])
+def test_the_issues_cuts_are_unreadable_then_counted(src, k, tmp_path):
+    at = _after(src, k)  # h200-single: 1,512, 1,720, 1,848, 114,552 as in the issue
     path = tmp_path / "cut.kvdump"
     path.write_bytes(src.read_bytes()[:at])
     r = run_cli("validate", path)
@@ -192,7 +200,10 @@ def test_a_group_boundary_cut_says_what_was_lost(tmp_path):
 
 def test_a_salvaged_prefix_that_kept_nothing_is_nothing_checked(tmp_path):
     path = tmp_path / "p1000.kvdump"
-    path.write_bytes(QWEN.read_bytes()[:1000])
+    path.write_bytes(QWEN.read_bytes()[:1000])  # inside the metadata: no group at all
+    r = run_cli("validate", "--salvage", path)
+    assert r.returncode == 2 and "nothing to check" in r.stderr, r.stderr
+    path.write_bytes(QWEN.read_bytes()[:_after(QWEN, 0) + 100])  # the metadata, and the strings cut short
     r = run_cli("validate", "--salvage", path)
     assert r.returncode == 4 and "NOTHING CHECKED" in r.stdout, r.stdout
     r = run_cli("reconcile", "--salvage", path)

@@ -191,3 +191,20 @@ def salvaged(d) -> bool:
 
 
 CUT_CODES = ("cut-short", "salvaged", "truncated-header")
+
+
+def cut_launches(d, ctx: int) -> str | None:
+    """What a salvaged cut took of context ``ctx``'s launches, said for the reconciler (None: nothing): host launch
+    records (a launch group missing or cut short) or its whole device-event group. Its mismatches then follow from
+    the cut, not from the GPU. A device-event group cut short is not here: its tail is placed (``lost-at-cut``)."""
+    if not salvaged(d) or not d.groups:
+        return None
+    # a cut takes the end of the file: a loss counted for the whole dump (holds) is the last context's, since each
+    # producer writes a context's groups together
+    last = d.groups[-1].context_id
+    mine = (ctx, None) if ctx == last else (ctx,)
+    what = [x.text() for x in lost(d) if x.groups and set(x.promise.kinds) & {"device_event", *LAUNCH_KINDS}
+            and x.promise.context_id in mine]
+    what += [f"{counted(g.lost_records, g.kind_name + ' record')} of context {ctx}" for k in LAUNCH_KINDS
+             for g in d.groups_of(k, context_id=ctx) if g.lost_records]
+    return ", ".join(what) or None
