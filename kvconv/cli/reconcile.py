@@ -7,8 +7,10 @@ events.
 
 Exit status: 0 when everything agrees, 1 when the reconciler reports an error (missing, extra or duplicated blocks,
 unmatched events, duplicated host records), 2 when a dump cannot be read or the options do not fit, 5 when an
-unfinished dump's last launches lost blocks at the producer's end (validate's incomplete), 4 when the dump
-traced nothing (0 target launches or 0 patched modules: ``coverage-none``, as validate says). Blocks of
+unfinished (live) dump or a file cut short read with --salvage agrees as far as it goes (validate's incomplete:
+its last launches' blocks lost at the producer's end or at the cut are warnings), 4 when the dump traced nothing (0
+target launches or 0 patched modules: ``coverage-none``, as validate says) or its salvaged prefix kept no launch or
+device event. A file cut at a group boundary that its metadata says holds more is unreadable (2). Blocks of
 launches that ran before coverage began (ordered join, 0 device drops: code coverage-late) are a warning unless
 --strict-coverage.
 --json prints the envelope every command prints (schemas/cli.schema.json); each dump's result follows

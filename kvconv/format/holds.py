@@ -98,7 +98,7 @@ def promised(d, meta: dict) -> list[Promise]:
                 out += [Promise((k,), c["context_id"], 1, _int(c.get(_CONTEXT_COUNTS.get(k, ""))),
                                 "metadata.contexts") for k in TRACER_KINDS]
     counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else {}
-    if _int(counters.get("target_launches")):
+    if _int(counters.get("target_launches")) and not out:  # weaker than contexts[]: said only without them
         field = "metadata.counters.target_launches"
         out += [Promise(LAUNCH_KINDS, None, 1, None, field), Promise(("device_event",), None, 1, None, field)]
     return out + _pairs(d, meta.get("tool"))
