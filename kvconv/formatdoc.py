@@ -26,11 +26,28 @@ Readers must:
 - never trust `record_count` beyond the file: `record_count * record_size` must fit in the bytes that remain; a
   file cut short is readable up to its last whole record only on request (`--salvage`), with the loss reported;
 - check `record_size` against the kind's size, and `payload_crc32` (zlib CRC-32 of the unpadded payload);
-- read a group with a newer `minor` or an unknown `record_kind` with a warning (unknown kinds are skipped).
+- read a group with a newer `minor` or an unknown `record_kind` with a warning (unknown kinds are skipped);
+- compare a finished dump with what its metadata says it holds (below) and refuse one that lacks a promised group
+  or record (`cut-short`: a file cut at a group boundary reads as a shorter, well-formed dump, so only the promise
+  shows the loss), or, on request (`--salvage`), read what is there with the loss counted and the verdict
+  incomplete, never ok.
 
 Producers write each file atomically (temporary name, then rename), record their buffer `capacity` and every
 record they could not store in `drop_count`, and put run metadata (JSON, `schemas/metadata.schema.json`) in a
 `metadata` group. Counters in metadata are integers: an empty string is an error, not a zero.
+
+**A finished dump says what it holds.** Its first group is the `metadata` group, and its `holds` object counts
+every group after it: `{{"groups": G, "kinds": {{"<kind>": {{"groups": g, "records": r}}, ...}}}}` (per record kind, its
+groups and their `record_count`s: a few dozen bytes, whatever the number of contexts). The tracer's finished dump
+and `kvconv.format.dump.new` write it. A finished dump is one with no `live` group and no `written_at: live`; a
+live dump (its producer died) promises nothing and is judged unfinished instead. For a finished dump written before
+`holds`, readers take the promise from what its metadata already said: a tracer dump's `contexts[]` (each context
+holds its `strings`, `kernel`, `clock_sync`, `device_event`, `graph_node` and `eager_launch` groups, with the records
+the entry counts) and `counters.target_launches` > 0 (a launch group and a `device_event` group). A finished dump
+lacking a promised group or record, or ending inside its last group's padding, was cut short after it was written:
+`cut-short`, an error naming the end of the file and the metadata field that promised more (exit 2); with
+`--salvage`, a warning counting what was lost (verdict incomplete, exit 5), and a prefix that kept no launch,
+device-event, canary, slot-write or value record is nothing checked (exit 4).
 
 Device events: the tracer writes one `block_enter` event per CUDA block, from one elected thread as the block starts,
 and, when recorded with `kvconv record --events enter,exit` (`KVCONV_EVENTS`), one `block_exit` event per block as

@@ -28,7 +28,9 @@ def test_roundtrip_is_zero_copy(tmp_path):
         assert len(ev) == 1000 and int(ev["sequence"][-1]) == 999
         # A view into the mapped file, not a copy.
         assert not ev.flags.owndata and not ev.flags.writeable
-        assert d.metadata() == {"tool": "t", "tool_version": "1"}
+        # what it holds, counted by the writer (issue 48): every group after the metadata
+        assert d.metadata() == {"tool": "t", "tool_version": "1", "holds": {
+            "groups": 1, "kinds": {"device_event": {"groups": 1, "records": 1000}}}}
         g = d.groups_of("device_event")[0]
         assert g.capacity == 4096 and g.clock_domain_name == "gpu_globaltimer"
         assert g.record_offset(0) == g.offset + 64

@@ -455,3 +455,38 @@ def test_gpu_writes49_checker_fails_on_a_block_missing_a_slot(tmp_path):
     _store_kvcache_dump(bad, drop_v=True)
     with dump.open(bad) as d, pytest.raises(AssertionError, match="11 slot_write records, expected 12"):
         chk._check_records(d, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_finished_dump_says_what_it_holds(tmp_path):
+    """issue 48: the tracer's finished dump (write recording on: its groups gathered through a scratch dump) counts
+    every group after its metadata in ``holds``, exactly; no scratch file is left; a cut at any group boundary is
+    unreadable (cut-short), with --salvage never valid."""
+    from conftest import run_cli
+
+    p = subprocess.run(["make", "-C", str(NATIVE), "tracer"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    out = tmp_path / "writes.kvdump"
+    env = dict(os.environ, KVCONV_WRITES="1")
+    r = subprocess.run([sys.executable, "-m", "kvconv", "record", "-o", str(out), "--", sys.executable,
+                        str(NATIVE / "workloads" / "kv_writes.py"), "--plant", "none", "--json",
+                        str(tmp_path / "planted.json")], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["planted.json", "writes.kvdump"]
+    with dump.open(out) as d:
+        holds, groups = d.metadata()["holds"], d.groups[1:]
+        kinds = {}
+        for g in groups:
+            k = kinds.setdefault(g.kind_name, {"groups": 0, "records": 0})
+            k["groups"] += 1
+            k["records"] += len(g.records)
+        ends = [g.offset for g in groups]
+    assert holds == {"groups": len(groups), "kinds": kinds} and "slot_write" in kinds, holds
+    raw = out.read_bytes()
+    for at in ends:
+        out.write_bytes(raw[:at])
+        v = run_cli("validate", out)
+        assert v.returncode == 2 and "cut-short" not in v.stdout and "metadata.holds" in v.stderr, v.stderr
+        v = run_cli("validate", "--salvage", out)
+        assert v.returncode in (1, 4, 5), v.stdout

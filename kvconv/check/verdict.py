@@ -36,6 +36,7 @@ EXIT_CODES: dict[str, int] = {k: int(v["exit"]) for k, v in _TABLE.items()}
 # how each verdict is said: ``label`` by the commands that judge the whole dump (validate, info, record), ``state`` by
 # those that judge a part of it or state it beside their own job (canary, the converters' warning, report)
 LABELS: dict[str, str] = {k: v["label"] for k, v in _TABLE.items()}
+LABEL_CUT = _TABLE["incomplete"]["label_cut"]  # incomplete for a cut: a file cut short, read with --salvage
 STATES: dict[str, str] = {k: v["state"] for k, v in _TABLE.items()}
 # how bad a verdict is (kvconv diff: "B's verdict is worse than A's"; the report's colour)
 RANK: dict[str, int] = {k: int(v["rank"]) for k, v in _TABLE.items()}
@@ -46,9 +47,21 @@ def exit_table() -> str:
     """docs/CLI.md's table of verdicts, their words and exit statuses (python -m kvconv.formatdoc cli)."""
     rows = ["| verdict | exit | validate says | canary, report and the converters say | means |",
             "| --- | --- | --- | --- | --- |"]
-    rows += [f"| `{k}` | {v['exit']} | {v['label']} | {v['state']} | {v['means']} |" for k, v in _TABLE.items()]
+    rows += [f"| `{k}` | {v['exit']} | {v['label']} | {v['state']} | {v['means']}"
+             + (f" Validate says of a cut file read with --salvage: {v['label_cut']}." if "label_cut" in v else "")
+             + " |" for k, v in _TABLE.items()]
     note = load_json_schema("codes.json")["verdicts"].get("$comment", "")
     return "\n".join(rows) + "\n\n" + note + "\n"
+
+
+def label(verdict: str, findings: list[Finding]) -> str:
+    """How validate says the verdict of ``findings``: its label, incomplete told as a cut when the file was cut
+    short (read with --salvage) rather than left unfinished by its producer."""
+    from kvconv.format import holds
+
+    cut = verdict == "incomplete" and not any(f.code == "unfinished" for f in findings) and any(
+        f.code in holds.CUT_CODES + ("lost-at-cut",) for f in findings)
+    return LABEL_CUT if cut else LABELS[verdict]
 
 
 def exit_code(verdict: str) -> int:
@@ -72,7 +85,7 @@ def judge(findings: list[Finding]) -> str:
     found = {f.code for f in findings}
     if found & NOTHING:
         return "nothing-checked"
-    if "unfinished" in found:
+    if found & codes.INCOMPLETE:  # unfinished, or cut short and salvaged (schemas/codes.json "incomplete")
         return "incomplete"
     return "ok"
 
@@ -113,6 +126,12 @@ def coverage(d, *, canary_steps: int, write_steps: int) -> Finding | None:
     (``loaded_kernels``), the closest ones."""
     if canary_steps or write_steps or any(len(g.records) for g in d.groups_of("value_digest")):  # value canary
         return None
+    from kvconv.format import holds
+
+    if holds.salvaged(d) and holds.kept_nothing(d):  # a prefix of metadata and tables: no record to check
+        return Finding("warning", "coverage-none", "nothing was checked: the salvaged prefix of the cut file kept "
+                       f"no launch, device-event, canary, slot-write or value record ({d.size:,} bytes)",
+                       path=d.path, offset=d.size, field="header")
     meta = _metadata(d)
     counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else {}
     launches, patched = counters.get("target_launches"), counters.get("modules_patched")
@@ -187,12 +206,15 @@ def lost_at_end(results) -> int:
                if f.code == "unflushed-blocks")
 
 
-def of_reconciliation(result, cov: Finding | None) -> str:
+def of_reconciliation(result, cov: Finding | None, *, cut: bool = False) -> str:
     """``kvconv reconcile``'s verdict of a dump, on validate's scale: failed (an error finding), incomplete (blocks
-    lost at the producer's end), nothing-checked (``cov``: the dump traced nothing), else ok."""
+    lost at the producer's end, or ``cut``: a file cut short read with --salvage), nothing-checked (``cov``: the dump
+    traced nothing, or its salvaged prefix kept nothing), else ok."""
     if not result.ok:
         return "failed"
-    if lost_at_end([result]):
+    if cov is not None and cut:
+        return "nothing-checked"
+    if lost_at_end([result]) or cut or any(f.code == "lost-at-cut" for f in result.findings):
         return "incomplete"
     return "nothing-checked" if cov is not None else "ok"
 

@@ -148,7 +148,7 @@ def _verdict_lines(r, *, all_findings: bool = False) -> list[str]:
         lines = [verdict.line(i) for i in r.incidents]
     grouped = sum(1 for i in r.incidents if i["where"])
     inc = f"; {counted(len(r.incidents), 'incident')}" if grouped else ""
-    lines.append(f"{r.path}: {verdict.LABELS[r.verdict]} ({counted(r.errors, 'error')}, "
+    lines.append(f"{r.path}: {verdict.label(r.verdict, r.findings)} ({counted(r.errors, 'error')}, "
                  f"{counted(r.warnings, 'warning')}{inc}; {counted(r.groups, 'group')}, {counted(r.size, 'byte')})")
     return [demangle_text(x) for x in lines]
 

@@ -7,8 +7,10 @@ events.
 
 Exit status: 0 when everything agrees, 1 when the reconciler reports an error (missing, extra or duplicated blocks,
 unmatched events, duplicated host records), 2 when a dump cannot be read or the options do not fit, 5 when an
-unfinished dump's last launches lost blocks at the producer's end (validate's incomplete), 4 when the dump
-traced nothing (0 target launches or 0 patched modules: ``coverage-none``, as validate says). Blocks of
+unfinished (live) dump or a file cut short read with --salvage agrees as far as it goes (validate's incomplete:
+its last launches' blocks lost at the producer's end or at the cut are warnings), 4 when the dump traced nothing (0
+target launches or 0 patched modules: ``coverage-none``, as validate says) or its salvaged prefix kept no launch or
+device event. A file cut at a group boundary that its metadata says holds more is unreadable (2). Blocks of
 launches that ran before coverage began (ordered join, 0 device drops: code coverage-late) are a warning unless
 --strict-coverage.
 --json prints the envelope every command prints (schemas/cli.schema.json); each dump's result follows
@@ -59,11 +61,11 @@ def reconcile_cmd(
     run = kvconv.open(dump_paths, options=opts, whole_run=False)
     run.options.reconcile_options()  # a bad --join is refused before any work
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
-    done: list[tuple] = []  # (path, result, its JSON, nothing checked)
+    done: list[tuple] = []  # (path, result, its JSON, nothing checked, incomplete: "cut" | "unfinished" | None)
     outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
     for o in outcomes if quiet else ():  # -q: the warnings and errors, then the status line
         o.text = o.text and quiet_text(o.text, keep_last=False)
-    cross = skew.cross_dump([p for p, _, _, _ in done], [rep for _, _, rep, _ in done])
+    cross = skew.cross_dump([x[0] for x in done], [x[2] for x in done])
     status = _status(done, outcomes)
     if cross is not None:  # several dumps: each replay's start on one host clock, against the first dump's
         status = "\n".join(skew.lines(cross) + [status])
@@ -74,6 +76,7 @@ def _one(dr, popts, done: list):
     """One dump's reconciliation: its text, JSON and exit status (on validate's scale: kvconv.check.verdict)."""
     from kvconv.check import verdict
     from kvconv.cli.common import Outcome
+    from kvconv.format import holds
     from kvconv.names import demangle_text  # kernel names demangled in the text, kept as they are in --json
     from kvconv.progress import Progress
 
@@ -84,14 +87,16 @@ def _one(dr, popts, done: list):
     cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
     if cov is not None:
         cov = _canary_steps_said(dr.reader, cov)
+    # what the dump lacks makes it incomplete, as validate says: cut short (--salvage), or left live by its producer
+    why = "cut" if holds.salvaged(dr.reader) else "unfinished" if any(g.live for g in dr.reader.groups) else None
     dr.close()
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
         rep["findings"].append(cov.to_dict())
         rep["summary"]["warning"] += 1
         lines.append(cov.line())
-    done.append((dr.path, r, rep, cov is not None))
-    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov)]
+    done.append((dr.path, r, rep, cov is not None, why))
+    code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov, cut=why is not None)]
     return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
 
 
@@ -117,10 +122,15 @@ def _status(done: list, outcomes: list) -> str:
     from kvconv.check import reconcile, verdict
     from kvconv.wording import counted
 
-    status = reconcile.status_line([r for _, r, _, _ in done]) if done else ""
-    nothing = sum(1 for *_, none in done if none)
+    status = reconcile.status_line([x[1] for x in done]) if done else ""
+    nothing = sum(1 for x in done if x[3])
     if nothing and status == "ok":
         status = f"{verdict.STATES['nothing-checked']} ({counted(nothing, 'dump')} with no target launch)"
+    cut, live = (sum(1 for x in done if x[4] == w) for w in ("cut", "unfinished"))
+    if (cut or live) and status == "ok":  # what they hold agrees; what they lack is not known
+        why = [f"{counted(cut, 'dump')} cut short, read with --salvage"] if cut else []
+        why += [f"{counted(live, 'dump')} left unfinished by {'its' if live == 1 else 'their'} producer"] * bool(live)
+        status = f"{verdict.STATES['incomplete']} ({'; '.join(why)}: what is there agrees, the rest is not known)"
     bad = [o.exit for o in outcomes if o.error is not None]
     if not bad:
         return status

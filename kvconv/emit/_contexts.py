@@ -101,6 +101,7 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
     runs: dict[str, int] = {}
     try:
         for di, d in enumerate(dumps):
+            _kept_something(d)
             if options.verify_checksums:
                 _verify_host_groups(d, options, warn)
             stem = run_name(d.path)
@@ -119,6 +120,18 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
             d.close()
         raise
     return dumps, ctxs
+
+
+def _kept_something(d) -> None:
+    """Refuse a salvaged prefix that kept no record to convert (its verdict: nothing checked): an empty trace written
+    with exit 0 would read as a run that did nothing."""
+    from kvconv.format import holds
+    from kvconv.format.errors import FormatError
+
+    if holds.salvaged(d) and holds.kept_nothing(d):
+        raise FormatError("the salvaged prefix of this cut file kept no launch, device-event, canary, slot-write or "
+                          "value record: nothing to convert", path=d.path, offset=d.size, field="header",
+                          code="nothing-salvaged", hint="copy or download the dump again")
 
 
 def _verify_host_groups(d, options: EmitOptions, warn) -> None:

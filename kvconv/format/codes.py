@@ -38,6 +38,7 @@ class Code:
     area: str
     means: str
     do: str
+    incomplete: bool = False  # with no error, the verdict is incomplete (not finished, or cut short and salvaged)
 
 
 def _load() -> dict[str, Code]:
@@ -46,9 +47,10 @@ def _load() -> dict[str, Code]:
         if c["area"] not in AREAS:
             raise AssertionError(f"schemas/codes.json: {name}: unknown area {c['area']!r}")
         out[name] = Code(code=name, severity=tuple(c["severity"]), unreadable=bool(c["unreadable"]), area=c["area"],
-                         means=c["means"], do=c["do"])
+                         means=c["means"], do=c["do"], incomplete=bool(c.get("incomplete", False)))
     return out
 
 
 CODES: dict[str, Code] = _load()
 UNREADABLE: frozenset[str] = frozenset(k for k, c in CODES.items() if c.unreadable)
+INCOMPLETE: frozenset[str] = frozenset(k for k, c in CODES.items() if c.incomplete)

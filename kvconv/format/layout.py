@@ -207,6 +207,13 @@ def _kind_clock_c() -> list[str]:
             "    default: return 0; /* none */", "  }", "}"]
 
 
+def _kind_name_c() -> list[str]:
+    """``kvconv_kind_name(kind)``: the record kind's name (the tracer's metadata counts its groups by it: holds)."""
+    cases = [f'    case {k.id}: return "{k.name}";' for k in KINDS.values()]
+    return ["static inline const char* kvconv_kind_name(uint16_t kind) {", "  switch (kind) {", *cases,
+            '    default: return "unknown";', "  }", "}"]
+
+
 def c_header() -> str:
     """The C/C++/CUDA header for native/: structs, kind ids, enums, and static_asserts on every size and offset."""
     lines = [
@@ -231,6 +238,7 @@ def c_header() -> str:
           for n, m in MINOR_OF_FLAGS.items()],
         *_kind_minor_c(),
         *_kind_clock_c(),
+        *_kind_name_c(),
         f"#define KVCONV_HEADER_SIZE {HEADER_SIZE}",
         f"#define KVCONV_PAYLOAD_ALIGN {ALIGN}",
         "",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvconv.format import layout
+from kvconv.format import holds, layout
 from kvconv.format.errors import DamagedError, FormatError, SchemaError
 from kvconv.format.findings import Finding
 
@@ -407,12 +407,13 @@ def scan(path: str | os.PathLike, *, options: ReadOptions = ReadOptions()) -> Du
         s.problem("error", "empty input" if piped else "empty file", 0, "header", group=None, code="truncated-header",
                   hint=_EMPTY.get(piped, "the producer wrote nothing"))
         return d
-    pos: int | None = 0
-    index = 0
+    pos, index = 0, 0
     while pos is not None and pos < size:
         hdr = _header_at(s, pos, index)
         pos = None if hdr is None else _group_at(s, pos, index, hdr)
         index += 1
+    cut = holds.problem(d, salvage=options.salvage) if d.groups else None  # a cut at a group boundary
+    d.problems += [cut] if cut is not None else []
     if options.salvage and not d.groups and not any(p.severity == "error" for p in d.problems):
         # Salvage that kept nothing has checked nothing: never let it read as a valid, empty dump.
         s.problem("error", "no whole record group could be salvaged: nothing to check", 0, "header", group=None,

@@ -86,7 +86,11 @@ class StringTable:
 
 
 class DumpWriter:
-    """Writes groups to a temporary file; :meth:`close` renames it into place, :meth:`abort` removes it."""
+    """Writes groups to a temporary file; :meth:`close` renames it into place, :meth:`abort` removes it.
+
+    A dump that starts with its metadata says what it holds: :meth:`write_metadata` keeps the metadata until
+    :meth:`close`, which writes it first with ``holds`` (every later group counted per kind: groups and records,
+    docs/FORMAT.md), then the groups written meanwhile (kept in an unnamed temporary file beside the output)."""
 
     def __init__(self, path: str | os.PathLike, *, context_id: int = 0, device_id: int = 0) -> None:
         from kvconv.format.atomic import atomic_output
@@ -99,6 +103,10 @@ class DumpWriter:
         self._tmp = self._cm.__enter__()
         self._f = builtins.open(self._tmp, "wb")
         self._closed = False
+        self._meta: tuple[dict, dict] | None = None  # the metadata written first at close, and its header fields
+        self._body = None  # the output file while the groups go to a temporary one (metadata pending)
+        self._wrote = False
+        self._holds: dict[str, dict[str, int]] = {}  # kind -> {"groups", "records"}: the metadata's "holds"
 
     def __enter__(self) -> DumpWriter:
         return self
@@ -112,6 +120,7 @@ class DumpWriter:
     def write_raw_group(self, kind: layout.RecordKind, payload: bytes | memoryview, *, record_count: int,
                         **header) -> None:
         crc = zlib.crc32(payload)
+        self._count(kind, record_count)
         header.setdefault("context_id", self.context_id)
         header.setdefault("device_id", self.device_id)
         self._f.write(make_header(kind, record_count=record_count, payload_crc32=crc, **header))
@@ -147,6 +156,7 @@ class DumpWriter:
             self._f.write(b)
             count += len(recs)
         nbytes = count * kd.record_size
+        self._count(kd, count)
         self._f.write(b"\0" * (layout.padded(nbytes) - nbytes))
         end = self._f.tell()
         self._f.seek(at)
@@ -157,8 +167,36 @@ class DumpWriter:
     def write_bytes(self, kind: str, data: bytes, **header) -> None:
         self.write_raw_group(layout.KINDS[kind], data, record_count=len(data), **header)
 
-    def write_metadata(self, meta: dict, **header) -> None:
+    def _count(self, kind: layout.RecordKind, records: int) -> None:
+        self._wrote = True
+        n = self._holds.setdefault(kind.name, {"groups": 0, "records": 0})
+        n["groups"] += 1
+        n["records"] += int(records)
+
+    def write_metadata(self, meta: dict, *, holds: bool = True, **header) -> None:
+        """The run metadata. As the dump's first group (and ``holds``), written at :meth:`close`, first, with
+        ``holds``: what the finished dump holds (a reader tells a file cut at a group boundary by it)."""
+        if holds and not self._wrote and self._meta is None:
+            import tempfile
+
+            self._meta = (dict(meta), header)
+            self._body, self._f = self._f, tempfile.TemporaryFile(dir=self._tmp.parent, prefix=".kvconv-groups-")
+            return
+        meta = {k: v for k, v in meta.items() if k != "holds"}  # a copied one would describe another file
         self.write_bytes("metadata", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(), **header)
+
+    def _finish_metadata(self) -> None:
+        """The pending metadata, with ``holds``, then the groups written after it."""
+        import shutil
+
+        meta, header = self._meta
+        body, self._f, self._meta = self._f, self._body, None
+        meta["holds"] = {"groups": sum(v["groups"] for v in self._holds.values()),
+                         "kinds": {k: dict(v) for k, v in sorted(self._holds.items())}}
+        self.write_bytes("metadata", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(), **header)
+        body.seek(0)
+        shutil.copyfileobj(body, self._f, 1 << 20)
+        body.close()
 
     def write_strings(self, table: StringTable | bytes, **header) -> None:
         self.write_bytes("strings", table.blob() if isinstance(table, StringTable) else table, **header)
@@ -166,6 +204,8 @@ class DumpWriter:
     def close(self) -> None:
         if self._closed:
             return
+        if self._meta is not None:
+            self._finish_metadata()
         self._closed = True
         self._f.close()
         self._cm.__exit__(None, None, None)
@@ -175,6 +215,8 @@ class DumpWriter:
             return
         self._closed = True
         self._f.close()
+        if self._body is not None:
+            self._body.close()
         try:
             self._cm.__exit__(et or RuntimeError, ev or RuntimeError("aborted"), tb)
         except BaseException:

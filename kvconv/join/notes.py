@@ -41,7 +41,11 @@ class Notes:
     """Findings of one context; after ``max_listed`` findings of one code, further ones are summed into one."""
 
     def __init__(self, d, ctx: int, options) -> None:
+        from kvconv.format import holds
+
         self.d, self.ctx, self.o = d, ctx, options
+        # a file cut short (--salvage) that lost launch records or all device events: its mismatches are the cut's
+        self.cut = holds.cut_launches(d, ctx)
         self.path = str(d.path)
         self._out: list[Finding] = []
         self._listed: dict[str, int] = {}
@@ -49,7 +53,7 @@ class Notes:
         self.mismatches: dict[str, int] = {}
 
     def _sev(self, severity: str) -> str:
-        return "warning" if (self.o.relaxed and severity == "error") else severity
+        return "warning" if ((self.o.relaxed or self.cut) and severity == "error") else severity
 
     def _where(self, kind: str | None, index: int | None) -> dict:
         if kind is None or index is None or index < 0:
@@ -74,6 +78,8 @@ class Notes:
                 u[2] += count
                 return
             self._listed[code] = n + 1
+        if self.cut and severity == "error":
+            message += f" (the file was cut short and lost {self.cut}: --salvage; a consequence of the cut)"
         self._out.append(Finding(self._sev(severity), code, f"context {self.ctx}: {message}", path=self.path,
                                  count=count, **self._where(kind, index)))
 

@@ -37,6 +37,25 @@ static inline uint16_t kvconv_kind_clock(uint16_t kind) {
     default: return 0; /* none */
   }
 }
+static inline const char* kvconv_kind_name(uint16_t kind) {
+  switch (kind) {
+    case 1: return "metadata";
+    case 2: return "strings";
+    case 3: return "kernel";
+    case 4: return "clock_sync";
+    case 5: return "device_event";
+    case 6: return "graph_node";
+    case 7: return "eager_launch";
+    case 8: return "canary";
+    case 9: return "canary_pages";
+    case 10: return "cache";
+    case 11: return "slot_write";
+    case 12: return "write_step";
+    case 13: return "slot_map";
+    case 14: return "value_digest";
+    default: return "unknown";
+  }
+}
 #define KVCONV_HEADER_SIZE 64
 #define KVCONV_PAYLOAD_ALIGN 8
 

@@ -2,7 +2,9 @@
 // live file's groups (tmp + rename over it, so the path holds a valid dump at every instant).
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "json_writer.h"
 #include "tracer.h"
@@ -145,7 +147,22 @@ static void write_calibration(kvconv::JsonWriter& j, const Ctx* c) {
   j.end_object();
 }
 
-static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason) {
+// What the finished dump holds after its metadata group, per record kind: (groups, records). The metadata says it
+// (`holds`, docs/FORMAT.md) so that a reader tells a file cut at a group boundary from the finished one.
+using Holds = std::map<uint16_t, std::pair<uint64_t, uint64_t>>;
+
+static void write_holds(kvconv::JsonWriter& j, const Holds& h) {
+  uint64_t groups = 0;
+  for (auto& kv : h) groups += kv.second.first;
+  j.key("holds").begin_object().kv("groups", groups).key("kinds").begin_object();
+  for (auto& kv : h) {
+    j.key(kvconv_kind_name(kv.first)).begin_object().kv("groups", kv.second.first).kv("records", kv.second.second);
+    j.end_object();
+  }
+  j.end_object().end_object();
+}
+
+static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason, const Holds& holds) {
   int drv = 0;
   if (g_drv.driverGetVersion) g_drv.driverGetVersion(&drv);
   kvconv::JsonWriter j;
@@ -155,6 +172,7 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   j.kv("cuda", "driver API " + std::to_string(drv / 1000) + "." + std::to_string((drv % 1000) / 10));
   write_run(j);
   j.kv("written_at", reason);
+  write_holds(j, holds);
   write_settings(j);
   write_capture(j, false);
   writes_metadata(j, false);  // --writes asked; recorded, or why not (writes.cpp)
@@ -177,84 +195,174 @@ static std::string metadata_json(const std::vector<Ctx*>& cs, const char* reason
   return j.str();
 }
 
-static void write_kernels(kvconv::DumpWriter& w, const Ctx* c, kvconv::GroupSpec g) {
+// One context's groups, gathered before anything is written: the metadata goes first and counts what follows it,
+// so each count is read once and the same records are written.
+struct CtxGroups {
+  Ctx* c = nullptr;
   std::string strings;
-  std::vector<kvconv_kernel_t> ks;
-  for (auto& k : c->kernels) {
+  std::vector<kvconv_kernel_t> kernels;
+  std::vector<kvconv_clock_sync_t> syncs;
+  uint64_t events = 0, graph = 0, eager = 0;  // the live groups' published records
+  std::string writes;                         // the write-address canary's groups, as a dump's bytes
+};
+
+static void gather_kernels(CtxGroups& x) {
+  for (auto& k : x.c->kernels) {
     kvconv_kernel_t r;
     std::memset(&r, 0, sizeof r);
     r.slot = k.slot;
     r.flags = 1;
     r.module_id = k.module;
-    r.name_off = static_cast<uint32_t>(strings.size());
+    r.name_off = static_cast<uint32_t>(x.strings.size());
     r.name_len = static_cast<uint32_t>(k.name.size());
-    strings += k.name;
+    x.strings += k.name;
     const std::string mod = module_name(k.module);
-    r.module_off = static_cast<uint32_t>(strings.size());
+    r.module_off = static_cast<uint32_t>(x.strings.size());
     r.module_len = static_cast<uint32_t>(mod.size());
-    strings += mod;
-    ks.push_back(r);
+    x.strings += mod;
+    x.kernels.push_back(r);
   }
-  w.add_bytes(KVCONV_KIND_STRINGS, strings, g.context_id, g.device_id);
-  g.kind = KVCONV_KIND_KERNEL;
-  g.record_size = sizeof(kvconv_kernel_t);
-  g.record_count = ks.size();
-  w.add_group(g, ks.data());
 }
 
-// A live group's published records as a finished group.
-static void write_live(kvconv::DumpWriter& w, kvconv::GroupSpec g, const kvconv::LiveGroup& lg) {
-  g.record_count = lg.count();
+// The write-address canary's groups of a context as write_writes makes them (their state is writes.cpp's, under its
+// own lock): written once to a scratch dump beside the output and read back, so that the metadata counts exactly
+// the records the dump then holds, even if the probe records a step meanwhile.
+static std::string gather_writes(const std::string& path, Ctx* c) {
+  if (!writes_enabled()) return "";
+  const std::string scratch = path + ".writes." + std::to_string(g_pid);
+  {
+    kvconv::DumpWriter w(scratch);
+    kvconv::GroupSpec g;
+    g.context_id = c->index;
+    g.device_id = static_cast<uint16_t>(c->device);
+    write_writes(w, c, g);
+    if (!w.commit()) {
+      logf(0, "error: cannot gather the write groups in %s: %s", scratch.c_str(), w.error().c_str());
+      return "";
+    }
+  }
+  std::string out;
+  if (FILE* f = std::fopen(scratch.c_str(), "rb")) {
+    char buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    std::fclose(f);
+  }
+  ::unlink(scratch.c_str());
+  return out;
+}
+
+// Each group of a dump's bytes (the scratch dump of gather_writes): its spec and its payload.
+template <class F>
+static void each_group(const std::string& blob, F f) {
+  size_t pos = 0;
+  while (pos + sizeof(kvconv_header_t) <= blob.size()) {
+    kvconv_header_t h;
+    std::memcpy(&h, blob.data() + pos, sizeof h);
+    const size_t n = static_cast<size_t>(h.record_count) * h.record_size;
+    if (n > blob.size() - pos - sizeof h) return;
+    kvconv::GroupSpec g;
+    g.kind = h.record_kind;
+    g.record_size = h.record_size;
+    g.record_count = h.record_count;
+    g.capacity = h.capacity;
+    g.drop_count = h.drop_count;
+    g.context_id = h.context_id;
+    g.device_id = h.device_id;
+    g.clock_domain = h.clock_domain;
+    f(g, blob.data() + pos + sizeof h);
+    pos += sizeof h + (n + KVCONV_PAYLOAD_ALIGN - 1) / KVCONV_PAYLOAD_ALIGN * KVCONV_PAYLOAD_ALIGN;
+  }
+}
+
+static CtxGroups gather(const std::string& path, Ctx* c) {
+  CtxGroups x;
+  x.c = c;
+  gather_kernels(x);
+  {
+    std::lock_guard<std::mutex> lk(c->sync_mu);
+    x.syncs = c->syncs;
+  }
+  x.events = c->live.device_event.count();
+  x.graph = c->live.graph_node.count();
+  x.eager = c->live.eager_launch.count();
+  x.writes = gather_writes(path, c);
+  return x;
+}
+
+static Holds holds_of(const std::vector<CtxGroups>& xs) {
+  Holds h;
+  auto add = [&h](uint16_t kind, uint64_t records) {
+    h[kind].first += 1;
+    h[kind].second += records;
+  };
+  for (const CtxGroups& x : xs) {
+    add(KVCONV_KIND_STRINGS, x.strings.size());
+    add(KVCONV_KIND_KERNEL, x.kernels.size());
+    add(KVCONV_KIND_CLOCK_SYNC, x.syncs.size());
+    add(KVCONV_KIND_DEVICE_EVENT, x.events);
+    add(KVCONV_KIND_GRAPH_NODE, x.graph);
+    add(KVCONV_KIND_EAGER_LAUNCH, x.eager);
+    each_group(x.writes, [&add](const kvconv::GroupSpec& g, const char*) { add(g.kind, g.record_count); });
+  }
+  return h;
+}
+
+// A live group's first `count` published records (the count the metadata holds) as a finished group.
+static void write_live(kvconv::DumpWriter& w, kvconv::GroupSpec g, const kvconv::LiveGroup& lg, uint64_t count) {
+  g.record_count = count;
   g.drop_count = lg.drops();
   w.add_group(g, g.record_count ? lg.at(0) : nullptr);
 }
 
-static void write_context(kvconv::DumpWriter& w, Ctx* c) {
+static void write_context(kvconv::DumpWriter& w, const CtxGroups& x) {
+  Ctx* c = x.c;
   kvconv::GroupSpec g;
   g.context_id = c->index;
   g.device_id = static_cast<uint16_t>(c->device);
-  write_kernels(w, c, g);
-  std::vector<kvconv_clock_sync_t> syncs;
-  {
-    std::lock_guard<std::mutex> lk(c->sync_mu);
-    syncs = c->syncs;
-  }
+  w.add_bytes(KVCONV_KIND_STRINGS, x.strings, g.context_id, g.device_id);
+  g.kind = KVCONV_KIND_KERNEL;
+  g.record_size = sizeof(kvconv_kernel_t);
+  g.record_count = x.kernels.size();
+  w.add_group(g, x.kernels.data());
   g.kind = KVCONV_KIND_CLOCK_SYNC;
   g.record_size = sizeof(kvconv_clock_sync_t);
-  g.record_count = syncs.size();
-  w.add_group(g, syncs.data());
+  g.record_count = x.syncs.size();
+  w.add_group(g, x.syncs.data());
   g.kind = KVCONV_KIND_DEVICE_EVENT;
   g.record_size = sizeof(kvconv_device_event_t);
   g.capacity = g_cfg.dev_cap;
   g.clock_domain = KVCONV_CLOCK_DOMAIN_GPU_GLOBALTIMER;
-  write_live(w, g, c->live.device_event);
+  write_live(w, g, c->live.device_event, x.events);
   g.kind = KVCONV_KIND_GRAPH_NODE;
   g.record_size = sizeof(kvconv_host_launch_t);
   g.capacity = g_cfg.host_cap;
   g.clock_domain = KVCONV_CLOCK_DOMAIN_HOST_MONOTONIC;
-  write_live(w, g, c->live.graph_node);
+  write_live(w, g, c->live.graph_node, x.graph);
   g.kind = KVCONV_KIND_EAGER_LAUNCH;
-  write_live(w, g, c->live.eager_launch);
-  write_writes(w, c, g);  // the write-address canary's groups, if recorded (writes.cpp)
+  write_live(w, g, c->live.eager_launch, x.eager);
+  // the write-address canary's groups, if recorded (writes.cpp), as gathered
+  each_group(x.writes, [&w](const kvconv::GroupSpec& wg, const char* payload) { w.add_group(wg, payload); });
 }
 
 bool write_finished(const std::string& path, const std::vector<Ctx*>& cs, const char* reason) {
+  std::vector<CtxGroups> xs;
+  for (Ctx* c : cs) xs.push_back(gather(path, c));
   kvconv::DumpWriter w(path);
   const uint32_t ctx0 = cs.empty() ? 0 : cs[0]->index;
   const uint16_t dev0 = cs.empty() ? 0 : static_cast<uint16_t>(cs[0]->device);
-  w.add_bytes(KVCONV_KIND_METADATA, metadata_json(cs, reason), ctx0, dev0);
-  for (Ctx* c : cs) write_context(w, c);
+  w.add_bytes(KVCONV_KIND_METADATA, metadata_json(cs, reason, holds_of(xs)), ctx0, dev0);
+  for (const CtxGroups& x : xs) write_context(w, x);
   if (!w.commit()) {
     logf(0, "error: cannot write %s: %s (the live dump stays there)", path.c_str(), w.error().c_str());
     return false;
   }
-  for (Ctx* c : cs) {
+  for (const CtxGroups& x : xs) {
+    const Ctx* c = x.c;
     logf(0, "wrote %s: context %u, %llu device events (drops %llu), %llu graph-node and %llu eager records "
             "(drops %llu, %llu), %zu clock-sync pairs, %llu sanitizer errors [%s]",
-         path.c_str(), c->index, (unsigned long long)c->live.device_event.count(),
-         (unsigned long long)c->live.device_event.drops(), (unsigned long long)c->live.graph_node.count(),
-         (unsigned long long)c->live.eager_launch.count(), (unsigned long long)c->live.graph_node.drops(),
-         (unsigned long long)c->live.eager_launch.drops(), c->syncs.size(),
+         path.c_str(), c->index, (unsigned long long)x.events, (unsigned long long)c->live.device_event.drops(),
+         (unsigned long long)x.graph, (unsigned long long)x.eager, (unsigned long long)c->live.graph_node.drops(),
+         (unsigned long long)c->live.eager_launch.drops(), x.syncs.size(),
          (unsigned long long)g_sanitizer_errors.load(), reason);
   }
   return true;

@@ -26,7 +26,7 @@ class Counts:
     tally: Tally
     missing: np.ndarray  # per row (0 inside ambiguous runs: counted per run)
     unattributed: int  # events counted neither in a launch nor in an ambiguous run
-    unflushed: int = 0  # missing blocks of a dead producer's last launches: lost at its end, not by the GPU
+    unflushed: int = 0  # missing blocks of a dead producer's last launches (or cut off the file's end): not the GPU
 
 
 def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, notes: Notes,
@@ -48,11 +48,16 @@ def count_blocks(t: LaunchTable, tally: Tally, o, drops: Drops, names: dict, not
         late_until = int(np.searchsorted(np.cumsum(t.grid[o.order]), late, side="left"))
     dev_note = f" ({drops.loss()})" if drops.device else ""
     tail = _unflushed(t, distinct, missing, notes)
+    early = (o.order_pos >= 0) & (o.order_pos <= late_until) if late else None  # coverage-late rows
+    cut = _cut_tail(t, distinct, missing, notes, drops, early) if tail is None else None
     unflushed = 0
     for hh in t.in_order(missing > 0):
         rec, ex = int(distinct[hh]), int(exp[hh])
         why, sev, code = dev_note, "error", "missing-blocks"
-        if tail is not None and tail[hh]:
+        if cut is not None and cut[0][hh]:  # placed, as a dead producer's end is: no counts-differ for them
+            why, sev, code = cut[1], "warning", "lost-at-cut"
+            unflushed += ex - rec
+        elif tail is not None and tail[hh]:
             why = (" - lost at the producer's end: the dump is unfinished (the producer died or was killed) and these "
                    "blocks ran after the last flush of its device events; not a fault of the GPU")
             sev, code = "warning", "unflushed-blocks"
@@ -91,6 +96,34 @@ def _unflushed(t: LaunchTable, distinct: np.ndarray, missing: np.ndarray, notes:
     seen = (distinct > 0) & ~(t.dup | t.upload)
     last = int(host_ns[seen].max()) if seen.any() else -1
     return (missing > 0) & (host_ns.astype(np.int64) >= last)
+
+
+def _cut_tail(t: LaunchTable, distinct: np.ndarray, missing: np.ndarray, notes: Notes, drops: Drops, early):
+    """Of a dump read with --salvage whose device events were cut at the end (the only loss: ``lost`` events, the
+    ones kept run 0..N-1 in sequence), the rows whose missing blocks are exactly the lost ones, and why: the last
+    launches in host time, from the last one with a recorded block on, missing ``lost`` blocks together while no
+    other launch misses one (the lost events were the last slots; ``early``: the launches before coverage began,
+    which the ordered join places apart). None otherwise: the loss cannot be placed."""
+    lost = drops.device_lost
+    if not lost or drops.device != lost or not missing.any():
+        return None
+    seq = notes.d.records("device_event", context_id=notes.ctx)["sequence"]
+    n = len(seq)
+    if n and not (int(seq[0]) == 0 and int(seq[-1]) == n - 1 and bool(np.all(seq[1:] > seq[:-1]))):
+        return None  # a gap or a disorder: the lost events are not known to be the last
+    host_ns = t.host_ns
+    if host_ns is None:
+        host_ns = np.concatenate([notes.d.records(k, context_id=notes.ctx)["host_ns"]
+                                  for k in ("graph_node", "eager_launch")])
+    seen = (distinct > 0) & ~(t.dup | t.upload)
+    last = int(host_ns[seen].max()) if seen.any() else -1
+    rows = (missing > 0) & (host_ns.astype(np.int64) >= last)
+    others = ~rows if early is None else ~rows & ~early
+    if missing[others].any() or int(missing[rows].sum()) > lost:
+        return None
+    why = (f" - lost at the cut: the file was cut short and the last {lost:,} device events (sequence {n:,}.."
+           f"{n + lost - 1:,}) were lost with its end (--salvage); not a fault of the GPU")
+    return rows, why
 
 
 class _Expected:

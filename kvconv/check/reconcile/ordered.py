@@ -30,8 +30,9 @@ class Ordered:
     note: str
 
 
-def _offsets(ev: Events, t, order, C, E: int, drops: int, m: Match) -> tuple:
+def _offsets(ev: Events, t, order, C, E: int, dr: Drops, m: Match) -> tuple:
     """Positions and the range of offsets s (event at position p sits at host block p + s)."""
+    drops = dr.device
     T = int(ev.pos[-1]) + 1 if ev.n else 0  # block-enter slots reserved (gaps included)
     gaps = T - ev.n
     p, surplus, alt = ev.pos, np.zeros(ev.n, bool), {}
@@ -45,7 +46,7 @@ def _offsets(ev: Events, t, order, C, E: int, drops: int, m: Match) -> tuple:
             m.join[surplus] = JOIN_ORDERED
             keep = ~surplus
             T = int(p[keep][-1]) + 1 if keep.any() else 0
-    delta, s_lo, s_hi, info = offsets_of(E, T, ev.n, drops)
+    delta, s_lo, s_hi, info = offsets_of(E, T, ev.n, drops, dr.device_lost)
     info["sequence_gaps"] = gaps
     return p, surplus, alt, delta, s_lo, s_hi, info
 
@@ -227,16 +228,22 @@ class _RunAcc:
         return self.found
 
 
-def offsets_of(E: int, T: int, n: int, drops: int) -> tuple:
-    """``E`` expected blocks, ``T`` block-enter slots reserved (gaps included), ``n`` events, ``drops``: the range
-    of offsets s (the event at position p sits at host block p + s) and the report's "ordered" section."""
+def offsets_of(E: int, T: int, n: int, drops: int, lost: int = 0) -> tuple:
+    """``E`` expected blocks, ``T`` block-enter slots reserved (gaps included), ``n`` events, ``drops`` (``lost`` of
+    them to a cut, --salvage): the range of offsets s (the event at position p sits at host block p + s) and the
+    report's "ordered" section. When the only loss is the cut and the events kept fill slots 0..n-1 without a gap,
+    the lost ones are the last ``lost`` slots: s is known (the cut's blocks are the last, not anywhere)."""
     delta = E - T
-    if delta >= 0:
+    if lost and drops == lost and T == n and delta >= lost:
+        s_lo = s_hi = delta - lost
+    elif delta >= 0:
         s_lo, s_hi = (delta, delta) if drops == 0 else (max(0, delta - drops), delta)
     else:
         s_lo, s_hi = delta, 0
     info = {"expected_blocks": E, "sequence_slots": T, "sequence_gaps": T - n, "offset_lo": s_lo, "offset_hi": s_hi,
             "device_drops": drops}
+    if lost and s_lo == s_hi == delta - lost:
+        info["lost_at_cut"] = lost
     return delta, s_lo, s_hi, info
 
 
@@ -247,12 +254,14 @@ def finish(L: Layout, P: Placer, count, match, delta: int, info: dict, alt: dict
     in_region = np.zeros(t.n, bool)
     for r in regions:
         in_region[r["hosts"]] = True
-    late = P.s_lo if (delta > 0 and drops.device == 0) else 0
+    late = P.s_lo if (delta > 0 and drops.device == info.get("lost_at_cut", 0)) else 0
     info["late_start_blocks"] = late
     order_pos = np.full(t.n, -1, _row_type(t.n))
     order_pos[order] = np.arange(len(order))
     return Ordered(match=match, order=order, order_pos=order_pos, regions=regions, in_region=in_region, info=info,
-                   coverage_late=late, surplus_alt=alt, note=_note(L.n_streams, late, drops, delta))
+                   coverage_late=late, surplus_alt=alt,
+                   note=_note(L.n_streams, late, drops, delta, info.get("lost_at_cut", 0)).replace(
+                       "{n}", f"{info['sequence_slots'] - 1:,}"))
 
 
 def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: Notes) -> Ordered:
@@ -260,7 +269,7 @@ def join_ordered(ev: Events, t: LaunchTable, drops: Drops, names: dict, notes: N
     count; :mod:`kvconv.check.reconcile.window` does the same chunk by chunk."""
     m = Match.empty(ev.n)
     L = Layout(t)
-    p, surplus, alt, delta, s_lo, s_hi, info = _offsets(ev, t, L.order, L.C, L.E, drops.device, m)
+    p, surplus, alt, delta, s_lo, s_hi, info = _offsets(ev, t, L.order, L.C, L.E, drops, m)
     P = Placer(L, s_lo, s_hi)
     a_raw, b_raw = P.place(m, p, ev.slot, ev.idx, surplus if surplus.any() else None)
     P.misfit_notes(names, notes)
@@ -298,7 +307,7 @@ def _attribute_windows(t, m: Match, order, win, la, wa, wb, win_only) -> None:
     m.window[sel] = win[la[win_only]]
 
 
-def _note(n_streams: int, late: int, drops: Drops, delta: int) -> str:
+def _note(n_streams: int, late: int, drops: Drops, delta: int, cut: int = 0) -> str:
     note = "ordered: device events in sequence order laid over host launches in host order; assumes a single stream"
     if n_streams > 1:
         note += (f" (host records name {n_streams} streams: launches on different streams next to each other "
@@ -306,6 +315,9 @@ def _note(n_streams: int, late: int, drops: Drops, delta: int) -> str:
     if late:
         note += (f"; {late:,} blocks missing with 0 device drops are attributed to the earliest launches (coverage "
                  "starts late, it never stops early)")
+    if cut:
+        note += (f"; the device events kept run 0..{{n}} in sequence: the {cut:,} lost to truncation are the last "
+                 "slots, at the end of the last launches")
     elif drops.device and delta > 0:
         note += f"; {drops.loss()}: the deficit cannot be placed, ambiguous runs are reported"
     return note

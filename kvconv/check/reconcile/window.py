@@ -60,7 +60,7 @@ def join_window(s, drops: Drops, chunks) -> Windowed | None:
         T = n
     else:  # every event before the last entry has a smaller sequence: the others among them are not slots
         T = s.last_seq - (s.last_idx - (n - 1)) + 1
-    delta, s_lo, s_hi, info = offsets_of(L.E, T, n, drops.device)
+    delta, s_lo, s_hi, info = offsets_of(L.E, T, n, drops.device, drops.device_lost)
     if delta < 0 and drops.device == 0 and len(L.order):
         return None  # surplus: the in-memory join locates it
     P = Placer(L, s_lo, s_hi)
