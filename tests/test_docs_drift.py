@@ -196,7 +196,7 @@ def test_guide_block_runs(guide, gpu, kind, block, demo, folder):
     dump and the repository's fixtures/ are at hand: exit 0, no traceback. A block marked ``<!-- gpu -->`` needs a
     GPU: its ``kvconv record`` lines are parsed (options and command real), nothing is run."""
     if gpu:
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # a command continued over lines is one line
             if line.startswith("kvconv record "):
                 args = shlex.split(line)[2:]
                 with _commands()["record"].make_context("record", args) as ctx:
