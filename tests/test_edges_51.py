@@ -247,7 +247,7 @@ def test_diff_names_a_new_incident_by_its_code_and_place():
     assert r.returncode == 1
     line = next(x for x in r.stdout.splitlines() if "error-incidents" in x)
     assert " : " not in line and "error payload-checksum" not in line, line
-    assert "1 new in B: payload-checksum: byte 1296: group 6:" in line, line
+    assert "1 new in B: payload-checksum: byte 1552: group 6:" in line, line
 
 
 def test_arrow_from_stdin_names_its_run_stdin(tmp_path):
