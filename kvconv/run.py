@@ -79,45 +79,157 @@ class Part:
 
 
 class DumpRun:
-    """One dump of a run: its reader, checks, verdict and views, each computed once when first asked for."""
+    """One dump of a run: the dump opened once, its checks, verdict and views, each computed once when first asked
+    for. Everything that reads the dump takes this one open file: the checks (:attr:`validation`), the converters
+    (:meth:`Run.write`), :attr:`reader`'s users (reconcile, canaries, the report's profile) and the run's process
+    links (:attr:`process`).
+
+    Args:
+        path: the dump file ('-': standard input; ``.gz``/``.zst``: decompressed once, into a temporary file).
+        options: how it is read and checked (:class:`RunOptions`).
+        progress: ``progress(done, total)`` of the checks, in bytes (:mod:`kvconv.progress`).
+    """
 
     def __init__(self, path: PathLike, options: RunOptions, *, progress=None) -> None:
         self.path = str(path)
         self.options = options
-        self.progress = progress  # progress(done, total) of the checks, in bytes (kvconv.progress)
-        self._reader = None
+        self.progress = progress
+        self._dump = None  # the one open dump (kvconv.format.dump.scan's); None until asked for, or once closed
+        self._open_error = None  # the error opening it raised (said again, never retried)
+        self._told = False  # its readable problems said as warnings (once)
+        self._verified = False  # its payload checksums verified for :attr:`reader`
+        self._validation = None  # kvconv.check.validation.Validation: the checks, run once
+        self._report = None
         self._joins: dict = {}  # context id -> (LaunchTable, ExactJoin)
 
     def __repr__(self) -> str:
         return f"<kvconv DumpRun {self.path!r}>"
 
+    def scanned(self):
+        """The dump as it was opened, once (:func:`kvconv.format.dump.scan`): every structural problem collected in
+        ``.problems``, payload checksums not yet summed (the checks and the converters sum them as they read).
+
+        Raises:
+            FormatError: the file cannot be opened at all (no such file, a folder, a compressed stream that does not
+                decompress), each time it is asked for.
+        """
+        from kvconv.format import dump
+        from kvconv.format.errors import KvconvError
+
+        if self._dump is None:
+            if self._open_error is not None:
+                raise self._open_error
+            try:
+                self._dump = dump.scan(self.path, options=dump.ReadOptions(salvage=self.options.salvage,
+                                                                           verify_checksums=False))
+            except KvconvError as e:
+                self._open_error = e
+                raise
+        return self._dump
+
+    def opened(self):
+        """The open dump as :func:`kvconv.format.dump.open` gives it, its payload checksums not verified (a converter
+        sums them as it streams the records): its first structural error raised, its other problems said once as
+        warnings (:class:`kvconv.format.dump.DumpWarning`).
+
+        Raises:
+            FormatError: the dump is not readable as a whole (the one-line error of its first structural problem).
+        """
+        import warnings
+
+        from kvconv.format.dump import DumpWarning
+        from kvconv.format.errors import FormatError
+
+        d = self.scanned()
+        first = next((p for p in d.problems if p.severity == "error"), None)
+        if first is not None:
+            raise FormatError(first.message, path=first.path, group=first.group, offset=first.offset,
+                              field=first.field, code=first.code)
+        if not self._told:
+            self._told = True
+            for p in d.problems:
+                warnings.warn(p.line(), DumpWarning, stacklevel=2)
+        return d
+
     @property
     def reader(self):
-        """The open dump (:func:`kvconv.format.dump.open`): groups, records as numpy views, metadata."""
-        if self._reader is None:
-            from kvconv.format import dump
+        """The open dump (:func:`kvconv.format.dump.open`'s ``Dump``: groups, records as numpy views, metadata),
+        its payload checksums verified once (``RunOptions.verify_checksums``; from the checks' own sums when they
+        ran first).
 
-            self._reader = dump.open(self.path, options=dump.ReadOptions(salvage=self.options.salvage,
-                                                                         verify_checksums=self.options.verify_checksums))
-        return self._reader
+        Raises:
+            FormatError: the dump is not readable as a whole. DamagedError: a payload checksum does not match.
+        """
+        d = self.opened()
+        if self.options.verify_checksums and not self._verified:
+            _verify_payloads(d, self._report)
+            self._verified = True
+        return d
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        """Close the dump, keeping what the run asks of it after (its process, its clocks: a few hundred bytes);
+        asked for again, it is opened again."""
+        if self._dump is not None:
+            self.process  # noqa: B018 - read while the file is open (kvconv.check.runs.one_run asks after)
+            self.clocks  # noqa: B018 - (the cross-dump skew of kvconv reconcile and report asks after)
+            self._dump.close()
+            self._dump = None
+            self._verified = False
 
     @cached_property
+    def process(self) -> dict:
+        """The traced process the dump came from (:func:`kvconv.format.info.process_of`, from the open dump's
+        metadata): pid, ppid, command, hostname, ...; empty when the metadata cannot be read."""
+        from kvconv.format.errors import KvconvError
+        from kvconv.format.info import process_of
+
+        try:
+            return process_of(self.scanned())
+        except KvconvError:
+            return {}
+
+    @cached_property
+    def clocks(self):
+        """What the cross-dump replay skew needs of the dump (:func:`kvconv.check.skew.clocks`: its path, hostname
+        and clock per context); None when it cannot be read."""
+        from kvconv.check import skew
+        from kvconv.format.errors import KvconvError
+
+        try:
+            return skew.clocks(self.scanned())
+        except KvconvError:
+            return None
+
+    def checking(self):
+        """The dump's checks (:class:`kvconv.check.validation.Validation`), made once: :attr:`validation` runs them
+        over the whole dump, a converter (:meth:`Run.write`) feeds them the chunks it reads; whichever gets there
+        first computes the report, once.
+
+        Raises:
+            FormatError: the file cannot be opened at all (:meth:`scanned`).
+        """
+        if self._validation is None:
+            from kvconv.check.validation import Validation
+
+            self._validation = Validation(self.scanned(), self.options.validate_options(), self.progress)
+        return self._validation
+
+    @property
     def validation(self):
         """kvconv validate's report (:class:`kvconv.check.validate.Report`): every pass's findings, the incidents,
-        the verdict."""
-        from kvconv.check.validate import validate
+        the verdict; computed once (:meth:`checking`). A dump that cannot be opened has a report too (its one error
+        finding, verdict unreadable)."""
+        if self._report is None:
+            from kvconv.check.validate import unopened
+            from kvconv.format.errors import KvconvError
 
-        return validate(self.path, options=self.options.validate_options(), progress=self.progress)
-
-    def adopt(self, report) -> None:
-        """Take ``report`` (validate's, of this dump, made elsewhere: by a converter's own pass over the events) as
-        :attr:`validation`, so that it is not computed again."""
-        self.__dict__["validation"] = report
+            try:
+                v = self.checking()
+            except KvconvError as e:
+                self._report = unopened(self.path, e)
+            else:
+                self._report = v.finish()
+        return self._report
 
     @property
     def verdict(self) -> str:
@@ -223,8 +335,21 @@ class DumpRun:
 
 
 class Run:
-    """A run of one or several dumps (module docstring). A context manager: ``with kvconv.open(p) as run: ...``
-    closes the readers it opened."""
+    """A run of one or several dumps (module docstring): each dump opened once (:class:`DumpRun`), and every
+    question of the run (verdict, reconciliation, canaries, tables, converters, report) asked of those open dumps.
+    A context manager: ``with kvconv.open(p) as run: ...`` closes them.
+
+        >>> with kvconv.open(["rank0.kvdump", "rank1.kvdump"]) as run:   # doctest: +SKIP
+        ...     run.exit_code, [d.verdict for d in run.dumps]
+        (0, ['ok', 'ok'])
+
+    Args:
+        paths: one dump path, or several (one engine run's processes, a tensor-parallel run's ranks).
+        options: how the dumps are read and checked (:class:`RunOptions`).
+
+    Raises:
+        UsageError: no path given.
+    """
 
     def __init__(self, paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions()) -> None:
         if isinstance(paths, (str, os.PathLike)):
@@ -234,11 +359,11 @@ class Run:
         if not self.dumps:
             from kvconv.format.errors import UsageError
 
-            raise UsageError("kvconv.open needs at least one dump path")
-        self._tables_dir = None
+            raise UsageError("kvconv.open needs at least one dump path", code="no-input")
 
     @property
     def paths(self) -> list[str]:
+        """The dumps' paths, in the order given."""
         return [d.path for d in self.dumps]
 
     def __repr__(self) -> str:
@@ -251,11 +376,9 @@ class Run:
         self.close()
 
     def close(self) -> None:
+        """Close every dump (each is opened again if asked for again)."""
         for d in self.dumps:
             d.close()
-        if self._tables_dir is not None:
-            self._tables_dir.cleanup()
-            self._tables_dir = None
 
     # ---- the verdict ---------------------------------------------------------------------------------------------
 
@@ -265,7 +388,7 @@ class Run:
         target kernel does not make it nothing-checked: :func:`kvconv.check.runs.set_exit`)."""
         from kvconv.check.runs import of_run
 
-        return of_run(self.paths, [d.exit_code for d in self.dumps])
+        return of_run([d.process for d in self.dumps], [d.exit_code for d in self.dumps])
 
     @property
     def verdict(self) -> str:
@@ -276,17 +399,21 @@ class Run:
 
     @property
     def findings(self) -> list:
+        """Every dump's findings (:class:`kvconv.format.findings.Finding`), in dump order."""
         return [f for d in self.dumps for f in d.findings]
 
     @property
     def incidents(self) -> list[dict]:
+        """Every dump's incidents (findings grouped by cause: :func:`kvconv.check.verdict.incidents`)."""
         return [i for d in self.dumps for i in d.incidents]
 
     # ---- one dump's views, for a one-dump run -------------------------------------------------------------------
 
     def _one(self) -> DumpRun:
         if len(self.dumps) > 1:
-            raise ValueError(f"a run of {len(self.dumps)} dumps: ask run.dumps[i] for one dump's")
+            from kvconv.format.errors import UsageError
+
+            raise UsageError(f"a run of {len(self.dumps)} dumps: ask run.dumps[i] for one dump's", code="several-dumps")
         return self.dumps[0]
 
     reader = property(lambda self: self._one().reader, doc="the one dump's reader (DumpRun.reader)")
@@ -300,44 +427,59 @@ class Run:
     # ---- converters -----------------------------------------------------------------------------------------------
 
     def write(self, fmt: str, out: PathLike, *, options=None, warn=None):
-        """Write the run in a registered output format (:mod:`kvconv.emit.registry`: perfetto, chrome, arrow);
-        ``options``: :class:`kvconv.emit.EmitOptions` (salvage follows the run's)."""
+        """Write the run in a registered output format, from the run's open dumps.
+
+        With ``options.verdict`` the converter feeds each dump's checks (:meth:`DumpRun.checking`) the chunks it
+        reads: the dumps' verdicts cost no second pass, and are the dumps' own (``dr.validation``).
+
+        Args:
+            fmt: a format of :mod:`kvconv.emit.registry` (perfetto, chrome, arrow).
+            out: the output path (``-``: standard output, where the format allows it).
+            options: :class:`kvconv.emit.EmitOptions` (default: the run's join; salvage always follows the run's).
+            warn: ``warn(message)`` for each warning (default: collected in the result's ``warnings``).
+
+        Returns:
+            The format's :class:`kvconv.emit.EmitResult`.
+
+        Raises:
+            KvconvError: an unreadable or damaged dump (FormatError, DamagedError), an output that may not be
+            written (OutputError), options that do not fit (UsageError); nothing is written then.
+        """
         from kvconv.emit import EmitOptions
-        from kvconv.emit.registry import FORMATS
+        from kvconv.emit.registry import format_of
 
-        opts = options if options is not None else EmitOptions()
-        if self.options.salvage and not opts.salvage:
-            opts = replace(opts, salvage=True)
-        res = FORMATS[fmt].write(self.paths, str(out), options=opts, warn=warn)
-        self._adopt(getattr(res, "verdicts", None) or [])
-        return res
-
-    def _adopt(self, reports: list) -> None:
-        """Take each dump's validate report from the pass that converted it (``EmitOptions(verdict=True)``), so
-        that the run's verdict costs no second pass; a dump whose checks failed there is validated on its own."""
-        from kvconv.check.validate import Report
-
-        if len(reports) != len(self.dumps):
-            return
-        for dr, rep in zip(self.dumps, reports):
-            if isinstance(rep, Report) and "validation" not in vars(dr):
-                dr.adopt(rep)
+        opts = options if options is not None else EmitOptions(join=self.options.join)
+        opts = replace(opts, salvage=self.options.salvage)  # the dumps are open as the run reads them
+        dumps = [d.opened() for d in self.dumps]
+        checks = [d.checking() for d in self.dumps] if opts.verdict else None
+        return format_of(fmt).write(dumps, str(out), options=opts, warn=warn, checks=checks)
 
     def to_perfetto(self, out: PathLike, *, options=None):
-        """A Perfetto trace (what ``kvconv perfetto`` writes): ui.perfetto.dev, trace_processor."""
+        """A Perfetto trace (what ``kvconv perfetto`` writes; ui.perfetto.dev, trace_processor): :meth:`write`."""
         return self.write("perfetto", out, options=options)
 
     def to_chrome(self, out: PathLike, *, options=None):
-        """Chrome JSON trace events (what ``kvconv chrome`` writes)."""
+        """Chrome JSON trace events (what ``kvconv chrome`` writes): :meth:`write`."""
         return self.write("chrome", out, options=options)
 
     def to_arrow(self, out: PathLike, *, options=None):
-        """A partitioned Arrow IPC / Parquet dataset (what ``kvconv arrow`` writes)."""
+        """A partitioned Arrow IPC / Parquet dataset (what ``kvconv arrow`` writes): :meth:`write`."""
         return self.write("arrow", out, options=options)
 
     def report(self, out: PathLike, *, force: bool = False) -> dict:
-        """Write the self-contained HTML page of ``kvconv report`` (replacing ``out`` only with ``force`` or when it
-        is kvconv's own earlier page); returns ``{"path", "bytes", "plots"}``."""
+        """Write the self-contained HTML page of ``kvconv report``.
+
+        Args:
+            out: the page's path; replaced only with ``force`` or when it is kvconv's own earlier page.
+            force: replace an existing file.
+
+        Returns:
+            ``{"path", "bytes", "plots"}``.
+
+        Raises:
+            OutputError: ``out`` may not be written (an input, another program's file without ``force``).
+            FormatError: a dump is not readable as a whole.
+        """
         from kvconv.format.atomic import atomic_output, check_output
 
         check_output(str(out), inputs=self.paths, kind="report", force=force)
@@ -353,43 +495,74 @@ class Run:
         from kvconv.look import report
 
         profiles = [d.profile for d in self.dumps]
-        whole = [(d.path, p) for d, p in zip(self.dumps, profiles) if p is not None]
-        cross = skew.cross_dump([w for w, _ in whole], [p.reconcile for _, p in whole]) if len(whole) > 1 else None
+        whole = [(d, p) for d, p in zip(self.dumps, profiles) if p is not None]
+        cross = skew.cross_dump([d.clocks for d, _ in whole], [p.reconcile for _, p in whole]) \
+            if len(whole) > 1 else None
         return report.page(profiles, cross=cross, verdicts=[d.validation.to_dict() for d in self.dumps])
 
     # ---- tables ----------------------------------------------------------------------------------------------------
 
     @property
     def tables(self) -> list[str]:
-        """The names :meth:`table` answers: the tables of ``kvconv arrow`` (one per exported record kind, plus
-        ``launch`` and ``matches``)."""
-        return sorted(p.name for p in self._arrow_dir().iterdir() if p.is_dir())
+        """The names :meth:`table` answers: the tables ``kvconv arrow`` writes of this run (one per exported record
+        kind, plus ``launch`` and ``matches``), sorted."""
+        from kvconv.emit._tables import table_names
+
+        return table_names([d.opened() for d in self.dumps], options=self._table_options())
 
     def table(self, name: str):
-        """A ``pyarrow.Table`` of the run (every dump's rows): ``run.table("launch").to_pandas()``."""
-        import pyarrow.dataset as ds
+        """One table of the run (every dump's rows, with ``run`` and ``device`` columns as ``kvconv arrow``'s
+        partitions give them), built from the open dumps by the Arrow converter's own code, in memory.
 
-        path = self._arrow_dir() / name
-        if not path.is_dir():
-            raise KeyError(f"no table {name!r}: the run has {', '.join(self.tables)}")
-        return ds.dataset(path, format="arrow", partitioning="hive").to_table()
+            >>> run.table("launch").to_pandas()      # doctest: +SKIP
+
+        Args:
+            name: one of :attr:`tables`.
+
+        Returns:
+            A ``pyarrow.Table``.
+
+        Raises:
+            UsageError: the run has no such table (the message lists those it has).
+        """
+        from kvconv.emit._tables import read_table
+
+        return read_table([d.opened() for d in self.dumps], name, options=self._table_options())
 
     def to_pandas(self, name: str):
         """:meth:`table` as a pandas DataFrame."""
         return self.table(name).to_pandas()
 
-    def _arrow_dir(self) -> Path:
-        if self._tables_dir is None:
-            import tempfile
+    def _table_options(self):
+        from kvconv.emit import EmitOptions
 
-            from kvconv.emit import EmitOptions
+        return EmitOptions(join=self.options.join, salvage=self.options.salvage, progress=False)
 
-            tmp = tempfile.TemporaryDirectory(prefix="kvconv-run-")
-            self.to_arrow(Path(tmp.name) / "tables", options=EmitOptions(progress=False))
-            self._tables_dir = tmp
-        return Path(self._tables_dir.name) / "tables"
+
+def _verify_payloads(d, report) -> None:
+    """Refuse a dump whose payload checksums do not match, as :func:`kvconv.format.dump.open` does: from ``report``
+    (the checks summed every checksum) when there is one, else summed here (a large file's pages given back as
+    they are summed)."""
+    from kvconv.format import dump
+    from kvconv.format.errors import DamagedError
+
+    if report is not None:
+        bad = next((f for f in report.findings if f.code == "payload-checksum"), None)
+        if bad is not None:
+            raise DamagedError("payload checksum does not match header.payload_crc32", path=d.path, group=bad.group, offset=bad.offset, field=bad.field,
+                               code=bad.code)
+        return
+    release = (lambda off, n: dump.release_pages(d._mm, off, n)) if d.size > dump.RELEASE_AFTER_CRC else None
+    for g in d.groups:
+        if not g.lost_records and not g.crc_ok(release=release):
+            raise DamagedError("payload checksum does not match header.payload_crc32", path=d.path, group=g.index,
+                               offset=g.payload_offset, field="header.payload_crc32", code="payload-checksum")
 
 
 def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions()) -> Run:  # noqa: A001
-    """The run of one dump or of several (one engine run's processes): :class:`Run`."""
+    """The run of one dump or of several (one engine run's processes): :class:`Run` (nothing is read until asked).
+
+    Raises:
+        UsageError: no path given.
+    """
     return Run(paths, options=options)

@@ -61,13 +61,15 @@ def _parent(p: dict) -> int | None:
     return int(p["ppid"]) if p.get("ppid") is not None else None
 
 
-def one_run(paths: list[str]) -> bool:
-    """Whether the dumps at ``paths`` are one run's processes (their metadata linked: :func:`linked`)."""
+def one_run(paths: list) -> bool:
+    """Whether the dumps are one run's processes (their metadata linked: :func:`linked`). ``paths``: each a dump's
+    process as :func:`kvconv.format.info.process_of` gives it (a dict: :attr:`kvconv.run.DumpRun.process`, read from
+    the open dump), or an open dump, or a path (opened to read its metadata)."""
     from kvconv.format.info import process_of
 
     procs = []
     for p in paths:
-        proc = process_of(p)
+        proc = p if isinstance(p, dict) else process_of(p)
         if not proc:
             return False
         procs.append(proc)

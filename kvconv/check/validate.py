@@ -30,7 +30,7 @@ from kvconv.format import dump as dumpmod
 from kvconv.format.errors import KvconvError
 from kvconv.format.findings import Finding
 
-__all__ = ["ValidateOptions", "Report", "validate", "UNREADABLE"]
+__all__ = ["ValidateOptions", "Report", "validate", "unopened", "UNREADABLE"]
 
 # Structural problems after which the file cannot be read as a whole (exit 2): schemas/codes.json's "unreadable".
 UNREADABLE = codes.UNREADABLE
@@ -102,35 +102,46 @@ class Report:
         }
 
 
-def validate(path: str | os.PathLike, *, options: ValidateOptions = ValidateOptions(), progress=None) -> Report:
-    """Validate one dump file and return a :class:`Report` with every finding: the passes of
-    :func:`kvconv.check.passes.registry` that the dump's groups allow, then the verdict's coverage and incidents.
-    ``progress(done, total)``: bytes of the file (:mod:`kvconv.progress`)."""
-    from kvconv.check import passes
-    from kvconv.check.validate_events import _Pages
+def validate(dump: str | os.PathLike | dumpmod.Dump, *, options: ValidateOptions = ValidateOptions(),
+             progress=None) -> Report:
+    """Validate one dump and return a :class:`Report` with every finding: the passes of
+    :func:`kvconv.check.passes.registry` that the dump's groups allow, then the verdict's coverage and incidents
+    (:class:`kvconv.check.validation.Validation`, the one driver, over the whole dump).
 
-    path = str(path)
-    rep = Report(path=path)
+    Args:
+        dump: a path (opened here with :func:`kvconv.format.dump.scan`, closed after), or a dump already open
+            (``dump.scan``'s, read with ``options.salvage``; left open: a :class:`kvconv.run.DumpRun` hands its own).
+        options: which checks run (:class:`ValidateOptions`).
+        progress: ``progress(done, total)`` in bytes of the file (:mod:`kvconv.progress`).
+
+    Returns:
+        The report. A file that cannot be opened or read as a whole is a report too (its one error finding,
+        verdict ``unreadable``): validate raises nothing for bad input.
+    """
+    from kvconv.check.validation import Validation
+
+    if isinstance(dump, dumpmod.Dump):
+        return Validation(dump, options, progress).finish()
     try:
         # Checksums are computed by the passes, in the same pass over the records as their checks.
-        d = dumpmod.scan(path, options=dumpmod.ReadOptions(salvage=options.salvage, verify_checksums=False))
+        d = dumpmod.scan(str(dump), options=dumpmod.ReadOptions(salvage=options.salvage, verify_checksums=False))
     except KvconvError as e:
-        rep.findings.append(Finding.from_error(e))
-        rep.incidents = [_one(f) for f in rep.findings]
-        return rep
+        return unopened(str(dump), e)
     with d:
-        rep.size, rep.groups = d.size, len(d.groups)
-        st = passes.Checking(d, options, progress, pages=_Pages(d, progress))
-        passes.run_all(st)
-        conclude(rep, st)
-        if progress is not None:
-            progress(d.size, d.size)
+        return Validation(d, options, progress).finish()
+
+
+def unopened(path: str, error: KvconvError) -> Report:
+    """The report of a dump that could not be opened at all (no such file, not a file, unreadable): its one error."""
+    rep = Report(path=path)
+    rep.findings.append(Finding.from_error(error))
+    rep.incidents = [_one(f) for f in rep.findings]
     return rep
 
 
 def conclude(rep: Report, st) -> None:
     """The report of passes that have run (``st``: :class:`kvconv.check.passes.Checking`): their findings, then the
-    verdict's coverage finding and the incidents. Also the end of a converter's checks (kvconv.emit._checks)."""
+    verdict's coverage finding and the incidents (the end of :meth:`kvconv.check.validation.Validation.finish`)."""
     from kvconv.check import verdict
 
     rep.findings, rep.passes = st.findings, st.results

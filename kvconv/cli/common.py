@@ -118,6 +118,7 @@ class Outcome:
     result: dict | Callable = field(default_factory=dict)  # or a function streaming it as JSON to a text stream
     error: KvconvError | None = None
     text: str = ""  # what the text output says about it (stdout); an error goes to stderr as one line
+    dump: object = None  # the kvconv.run.DumpRun it came from: its process, read from the open dump (worst())
 
 
 def each(paths: Iterable[Path], fn: Callable[[Path], Outcome]) -> list[Outcome]:
@@ -137,7 +138,7 @@ def worst(outcomes: Iterable[Outcome]) -> int:
     from kvconv.check.runs import of_run
 
     outcomes = list(outcomes)
-    return of_run([o.path for o in outcomes], [o.exit for o in outcomes])
+    return of_run([o.dump.process if o.dump is not None else o.path for o in outcomes], [o.exit for o in outcomes])
 
 
 def envelope(command: str, outcomes: list[Outcome], **extra) -> dict:

@@ -95,21 +95,25 @@ def _info_one(path: Path, options, popts) -> Outcome:
     run = kvconv.open(path, options=options)
     with warnings.catch_warnings(), run:
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
+        dr = run.dumps[0]
         d = run.reader
         with Progress(f"info {path.name}", total=d.size, size_bytes=d.size, options=popts) as bar:
-            info = describe(d, progress=bar.update)
+            # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON; its
+            # checks sum every payload checksum, which the description reports (the file read once).
+            dr.progress = bar.update
+            rep, failure = judged(dr)
+            bad = None if rep is None else {f.group for f in rep.findings if f.code == "payload-checksum"}
+            info = describe(d, progress=bar.update, mismatched=bad)
         info["kernels"] = [{"slot": slot, "name": name, "context_id": ctx} for ctx, _dev in d.contexts()
                            for slot, name in sorted(d.kernel_names(context_id=ctx).items())]
-        # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON. info's
-        # exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
-        rep, failure = judged(run.dumps[0])
+    # info's exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
     if rep is None:  # the checks failed on a bug: the description stands, the verdict is not claimed
         info["verdict"] = {"verdict": None, "internal_error": failure}
         text = _info_text(str(path), info) + f"\n{path}: verdict not computed ({internal_error(failure)})"
-        return Outcome(str(path), code, info, text=text)
+        return Outcome(str(path), code, info, text=text, dump=dr)
     info["verdict"] = {k: v for k, v in rep.to_dict().items() if k in _VERDICT_KEYS}
-    return Outcome(str(path), code, info, text=_info_text(str(path), info, rep))
+    return Outcome(str(path), code, info, text=_info_text(str(path), info, rep), dump=dr)
 
 
 _VERDICT_KEYS = ("verdict", "exit_code", "errors", "warnings", "incidents")
@@ -128,10 +132,12 @@ def _validate_one(path: Path, options, popts=None, *, all_findings: bool = False
                   options=popts or ProgressOptions(enabled=False)) as bar:
         run.dumps[0].progress = bar.update
         r = run.validation
+    run.close()  # its process facts are kept for the run's links (kvconv.check.runs)
     error = run.dumps[0].unreadable_error()
     if error is not None:  # unreadable input: the one-line error goes to stderr, like every other command's errors
-        return Outcome(r.path, r.exit_code, r.to_dict(), error=error)
-    return Outcome(r.path, r.exit_code, r.to_dict(), text="\n".join(_verdict_lines(r, all_findings=all_findings)))
+        return Outcome(r.path, r.exit_code, r.to_dict(), error=error, dump=run.dumps[0])
+    return Outcome(r.path, r.exit_code, r.to_dict(), text="\n".join(_verdict_lines(r, all_findings=all_findings)),
+                   dump=run.dumps[0])
 
 
 def _verdict_lines(r, *, all_findings: bool = False) -> list[str]:

@@ -59,7 +59,7 @@ def reconcile_cmd(
                                                      salvage=salvage))
     run.options.reconcile_options()  # a bad --join is refused before any work
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
-    done: list[tuple] = []  # (path, result, its JSON, nothing checked)
+    done: list[tuple] = []  # (its clocks: DumpRun.clocks, result, its JSON, nothing checked)
     outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
     cross = skew.cross_dump([p for p, _, _, _ in done], [rep for _, _, rep, _ in done])
     status = _status(done, outcomes)
@@ -80,15 +80,15 @@ def _one(dr, popts, done: list):
         r = dr.reconcile(tables=False)  # the report only (no per-event table): memory bounded by the host records
     # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
     cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
-    dr.close()
+    dr.close()  # (what the cross-dump skew needs of it is kept: DumpRun.clocks)
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
         rep["findings"].append(cov.to_dict())
         rep["summary"]["warning"] += 1
         lines.append(cov.line())
-    done.append((dr.path, r, rep, cov is not None))
+    done.append((dr.clocks, r, rep, cov is not None))
     code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov)]
-    return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
+    return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines), dump=dr)
 
 
 def _status(done: list, outcomes: list) -> str:

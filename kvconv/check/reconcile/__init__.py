@@ -93,12 +93,12 @@ from kvconv.join.exact import (
     explain_unmatched,
     join_exact,
 )
+from kvconv.join import JOINS  # the one vocabulary of --join (kvconv/join/__init__.py)
 from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.join.notes import Notes
 from kvconv.memory import release_heap
 
 JOIN_NAMES = {JOIN_NONE: "none", JOIN_EXACT: "exact", JOIN_ORDERED: "ordered"}
-JOINS = ("auto", "exact", "ordered")
 
 __all__ = ["ReconcileOptions", "ReconcileResult", "reconcile", "status_line", "MATCH_DTYPE", "LAUNCH_DTYPE",
            "LaunchTable", "ExactJoin", "GRAPH_NODE", "EAGER", "JOIN_NONE", "JOIN_EXACT", "JOIN_ORDERED", "JOIN_NAMES",

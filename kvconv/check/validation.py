@@ -1,20 +1,22 @@
-"""kvconv validate's verdict of a dump, computed from the chunks an emitter reads anyway (``EmitOptions.verdict``).
+"""validate's one driver: the passes of :mod:`kvconv.check.passes` over one open dump, run once, whoever drives them.
 
-The converters print the dump's verdict beside their output. Instead of a second, separate validate pass, the
-``launches`` pass of :mod:`kvconv.check.passes` (the device-event checks and the reconciler's streaming pass) takes
-each chunk of the first walk of a context's device events that runs to its end (the join's probe or the first pass,
-whichever comes first; the checksum is the one that walk sums). The registry's other passes read little: those
-before ``launches`` (structure, metadata, kernels, clock sync) run when the checks are set up, the rest (the
-canaries) at :meth:`Checks.finish`, where validate's own walk also checks a context no walk of the emitter finished,
-or one the emitter streams lazily (``_contexts.LAZY_CHECKED_HOSTS``, 0 host records: fed by the walk, the
-reconciler's launch table would sit beside the converter's; checked after, peak memory is the larger of the two).
-The result is validate's :class:`~kvconv.check.validate.Report` by construction: the same passes, in the same order
-(tests/test_emit_verdict.py holds it to ``kvconv validate`` on every fixture and on damaged dumps).
+:func:`kvconv.check.validate.validate` runs a :class:`Validation` over the whole dump at once (:meth:`finish`). A
+converter (``kvconv perfetto | chrome | arrow``, which states the dump's verdict beside its output) feeds the same
+checks instead of a second pass: the ``launches`` pass (the device-event checks and the reconciler's streaming pass)
+takes each chunk of the first walk of a context's device events that runs to its end (the join's probe or the first
+pass, whichever comes first; the checksum is the one that walk sums). The registry's other passes read little: those
+before ``launches`` (structure, metadata, kernels, clock sync) run when the validation is set up, the rest (the
+canaries) at :meth:`Validation.finish`, where its own walk checks every context no walk of the converter finished (a
+context the converter streams lazily, ``kvconv.emit._contexts.LAZY_CHECKED_HOSTS``, is checked so, after the
+conversion: fed by the walk, the reconciler's launch table would sit beside the converter's). Either way the report is
+validate's :class:`~kvconv.check.validate.Report` by construction: the same passes, in the same order
+(tests/test_emit_verdict.py holds it to ``kvconv validate`` on every fixture and on damaged dumps). A
+:class:`kvconv.run.DumpRun` owns its dump's one Validation: computed once, by whichever pass gets there first.
 
-    >>> checks = Checks(d)                                    # doctest: +SKIP
-    >>> walk = checks.begin(ctx, verifying=True)              # doctest: +SKIP
+    >>> v = Validation(d)                                     # doctest: +SKIP
+    >>> walk = v.begin(ctx, verifying=True)                   # doctest: +SKIP
     >>> walk.chunk(g, group_first, ctx_first, view); walk.group_end(g, crc); walk.end()   # doctest: +SKIP
-    >>> checks.finish().verdict                               # doctest: +SKIP
+    >>> v.finish().verdict                                    # doctest: +SKIP
     'ok'
 """
 
@@ -23,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvconv.check import passes
-from kvconv.check import validate as v
 from kvconv.check._collect import _Collector, _crc_finding
+from kvconv.check.validate import Report, ValidateOptions, conclude
 from kvconv.check.validate_events import (
     EV_CHUNK,
     _check_sequence_unordered,
@@ -41,20 +43,22 @@ from kvconv.join.runs import chunk_runs
 _SEQ_OFF = layout.LAYOUTS["device_event"].field("sequence").offset
 
 
-class Checks:
-    """validate's passes over one open dump: those before ``launches`` at once, ``launches`` fed context by context
-    by the emitter's walks (:meth:`begin`), the rest at :meth:`finish`."""
+class Validation:
+    """validate's passes over one open dump ``d``: those before ``launches`` at once, ``launches`` fed context by
+    context by a converter's walks (:meth:`begin`), the rest, and every context no walk finished, at :meth:`finish`.
+    ``progress(done, total)``: bytes of the file checked (:mod:`kvconv.progress`)."""
 
-    def __init__(self, d: dumpmod.Dump, *, salvage: bool = False) -> None:
-        self.d, self.options = d, v.ValidateOptions(salvage=salvage)
-        self.rep = v.Report(path=d.path, size=d.size, groups=len(d.groups))
-        self.st = passes.Checking(d, self.options, None, pages=_Pages(d, None))
+    def __init__(self, d: dumpmod.Dump, options: ValidateOptions = ValidateOptions(), progress=None) -> None:
+        self.d, self.options, self.progress = d, options, progress
+        self.rep = Report(path=d.path, size=d.size, groups=len(d.groups))
+        self.st = passes.Checking(d, options, progress, pages=_Pages(d, progress))
         reg = passes.registry()
         at = next(i for i, p in enumerate(reg) if p.name == "launches")
         self.launches_pass, self.after = reg[at], reg[at + 1:]
         passes.run_all(self.st, reg[:at])
         self.lc = passes.Launches(self.st) if self.launches_pass.applies(d) else None
         self.active: set[int] = set()  # contexts a walk is feeding now
+        self._done: Report | BaseException | None = None
 
     @property
     def rc(self):
@@ -62,23 +66,37 @@ class Checks:
 
     def begin(self, ctx: int, *, verifying: bool) -> _Walk | None:
         """A walk of the context's device events starts: its :class:`_Walk`, or None when the context is checked
-        already or another walk is feeding it (a walk read ahead inside the first)."""
+        already, another walk is feeding it (a walk read ahead inside the first), or the report is made."""
         lc = self.lc
-        if lc is None or ctx in lc.found or ctx in self.active or ctx not in lc.slots:
+        if lc is None or self._done is not None or ctx in lc.found or ctx in self.active or ctx not in lc.slots:
             return None
         self.active.add(ctx)
         return _Walk(self, ctx, verifying=verifying)
 
-    def finish(self) -> v.Report:
-        """The dump's report, as :func:`kvconv.check.validate.validate` gives it."""
+    def finish(self) -> Report:
+        """The dump's report, as :func:`kvconv.check.validate.validate` gives it; made once (a later call returns
+        it, or raises again what the checks raised)."""
+        if self._done is None:
+            try:
+                self._done = self._finish()
+            except Exception as e:
+                self._done = e
+                raise
+        if isinstance(self._done, BaseException):
+            raise self._done
+        return self._done
+
+    def _finish(self) -> Report:
         if self.lc is not None:
             for ctx, _dev in self.d.contexts():
-                if ctx not in self.lc.found:  # no walk of the emitter ran to the end: validate's own pass over it
+                if ctx not in self.lc.found:  # no walk of a converter ran to the end: the pass over it is here
                     self.active.discard(ctx)
                     self.lc.check_context(ctx)
             passes.took(self.st, "launches", self.lc.result())
         passes.run_all(self.st, self.after)
-        v.conclude(self.rep, self.st)
+        conclude(self.rep, self.st)
+        if self.progress is not None:
+            self.progress(self.d.size, self.d.size)
         return self.rep
 
 
@@ -86,7 +104,7 @@ class _Walk:
     """One walk of a context's device events feeding the checks: chunk by chunk (:meth:`chunk`), group by group
     (:meth:`group_end`); its findings count only once it has run to the end (:meth:`end`)."""
 
-    def __init__(self, checks: Checks, ctx: int, *, verifying: bool) -> None:
+    def __init__(self, checks: Validation, ctx: int, *, verifying: bool) -> None:
         self.checks, self.ctx, self.verifying = checks, ctx, verifying
         d, lc = checks.d, checks.lc
         self.c = _Collector(d.path)
@@ -106,7 +124,7 @@ class _Walk:
 
     def _safely(self, f, *a) -> None:
         """A failure of the checks never costs the emitter its output: the walk stops feeding them, and
-        :meth:`Checks.finish` checks the context again by itself, where the failure is raised as validate raises it."""
+        :meth:`Validation.finish` checks the context again by itself, where the failure is raised as validate raises it."""
         if self.failed:
             return
         try:
