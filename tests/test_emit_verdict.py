@@ -1,4 +1,5 @@
-"""The verdict a converter computes in its own pass (EmitOptions.verdict: kvconv.check.validation, the one driver) is kvconv validate's:
+"""The verdict a converter computes in its own pass (EmitOptions.verdict: kvconv.check.validate.Validation)
+is kvconv validate's:
 the same verdict, exit status, findings (in order) and incidents, on every fixture dump and on dumps damaged one
 thing at a time, whatever the chunk size the converter walks the events in."""
 

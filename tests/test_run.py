@@ -95,12 +95,12 @@ def test_registry_is_derived_from_the_kinds_hooks():
     assert {f"kvconv.check.passes:{p.name}" for p in reg[1:]} == hooks
     for p in reg[1:]:
         assert set(p.kinds) == {k.name for k in layout.KINDS.values() if k.validate == f"kvconv.check.passes:{p.name}"}
-    # validate runs the registry through the one driver (kvconv/check/validation.py), not a list of its own
+    # validate runs the registry through its one driver (Validation), not a list of its own; no second driver
     src = (ROOT / "kvconv" / "check" / "validate.py").read_text()
-    assert "Validation(" in src and "_OWN_HOOKS" not in src and "_check_" not in src
-    driver = (ROOT / "kvconv" / "check" / "validation.py").read_text()
-    assert "passes.run_all" in driver and "_OWN_HOOKS" not in driver
-    assert not (ROOT / "kvconv" / "emit" / "_checks.py").exists()  # no second driver beside the converters
+    assert "passes.run_all" in src and "_OWN_HOOKS" not in src and "def _check_" not in src
+    assert not (ROOT / "kvconv" / "emit" / "_checks.py").exists()
+    assert not any("kvconv.check." in line and " import _" in line  # no private name of check/ outside it
+                   for py in (ROOT / "kvconv" / "emit").glob("*.py") for line in py.read_text().splitlines())
 
 
 def test_only_the_verdict_module_judges_and_maps_exit_codes():

@@ -45,7 +45,7 @@ def emit_run(dumps, out, options: EmitOptions, warn, name: str, passes: int, *, 
     a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
 
     ``dumps``: paths (opened here, closed at the end) or dumps open already (a :class:`kvconv.run.Run`'s: taken as
-    they are, left open). ``checks``: each dump's :class:`kvconv.check.validation.Validation` (a Run's own), fed by
+    they are, left open). ``checks``: each dump's :class:`kvconv.check.validate.Validation` (a Run's own), fed by
     the contexts' walks and finished here (``res.verdicts``); with ``options.verdict`` and no ``checks``, a
     Validation of each dump is made here.
 
@@ -123,7 +123,7 @@ def open_contexts(dumps, options: EmitOptions, warn, timings: dict | None = None
                   checks: list | None = None, probe_verifies: bool = True) -> tuple[Opened, list[Ctx]]:
     """Open the dumps (paths; a dump open already is taken as it is: :class:`Opened`; checksums are verified while
     streaming) and describe each context. ``checks`` (a list): each dump's
-    :class:`kvconv.check.validation.Validation`, which the contexts' walks feed from the join's probe on (an empty
+    :class:`kvconv.check.validate.Validation`, which the contexts' walks feed from the join's probe on (an empty
     list: one made here for each dump). ``probe_verifies`` False: the join's probe leaves the device events'
     checksums to the next walk (the trace emitters' first pass, whose work hides the sum; the probe's would wait for
     it: 19 ms of crc32 beside 10 ms of probe on 64 MiB of events)."""
@@ -191,7 +191,7 @@ def _describe(d, run: str, ctxs: list[Ctx], options: EmitOptions, warn) -> None:
 
 
 def _verdicts(checks: list) -> list:
-    """Each dump's report (:meth:`kvconv.check.validation.Validation.finish`); a failure of the checks that is not
+    """Each dump's report (:meth:`kvconv.check.validate.Validation.finish`); a failure of the checks that is not
     about the dump (a bug: the output is written by now) stands in its place, for the caller to say (KVCONV_DEBUG=1
     raises it)."""
     import os
@@ -221,11 +221,10 @@ LAZY_CHECKED_HOSTS = 0
 
 
 def _attach_checks(dumps: list, ctxs: list[Ctx], options: EmitOptions, checks: list) -> None:
-    """Each dump's checks (:class:`kvconv.check.validation.Validation`: ``checks[i]`` of dump i, made here when the
+    """Each dump's checks (:class:`kvconv.check.validate.Validation`: ``checks[i]`` of dump i, made here when the
     list is empty), fed by its contexts' walks; a lazy context with more than :data:`LAZY_CHECKED_HOSTS` host
     records is checked after the conversion (memory: the larger of the two passes' state, not their sum)."""
-    from kvconv.check.validate import ValidateOptions
-    from kvconv.check.validation import Validation
+    from kvconv.check.validate import ValidateOptions, Validation
 
     if not checks:
         checks.extend(Validation(d, ValidateOptions(salvage=options.salvage)) for d in dumps)

@@ -188,7 +188,7 @@ def _release_reserve(path: Path) -> None:
 
 
 def write_arrow(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, checks=None) -> EmitResult:
-    """Write the Arrow IPC / Parquet tables of the dumps to ``out``, atomically (nothing is left behind on failure).
+    """Write the Arrow IPC / Parquet tables of the dumps to ``out``, atomically (nothing left behind on failure).
 
     Args:
         dumps: dump paths, or dumps open already (:meth:`kvconv.run.Run.write` hands its own; left open).
@@ -196,7 +196,7 @@ def write_arrow(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, 
         options: :class:`~kvconv.emit.options.EmitOptions`; ``verdict``: also check each dump as kvconv validate
             does, from the chunks the conversion reads (``EmitResult.verdicts``).
         warn: ``warn(message)`` for each warning (default: ``EmitResult.warnings``).
-        checks: each dump's :class:`kvconv.check.validation.Validation` to feed (a Run's own), instead of new ones.
+        checks: each dump's :class:`kvconv.check.validate.Validation` to feed (a Run's own), instead of new ones.
 
     Returns:
         An :class:`~kvconv.emit.options.EmitResult`: counts, the join used and the clock alignment per context.

@@ -49,7 +49,7 @@ class EmitOptions:
     salvage: bool = False
     force: bool = False  # replace an existing output (kvconv.format.atomic.check_output says what is never replaced)
     # kvconv validate's report of each dump in EmitResult.verdicts, from the chunks the conversion reads (one pass;
-    # kvconv.emit._checks); off for library callers, who did not ask for the checks' time
+    # kvconv.check.validate.Validation, the one driver); off for library callers, who did not ask for the checks' time
     verdict: bool = False
 
     def __post_init__(self) -> None:

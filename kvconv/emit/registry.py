@@ -2,7 +2,7 @@
 ``write_<format>`` function come from here (kvconv/cli/emit.py builds the commands of every registered format).
 
 A new format is one module with ``write(dumps, out, *, options, warn, checks) -> EmitResult`` (``dumps``: paths or
-open dumps; ``checks``: each dump's :class:`kvconv.check.validation.Validation` to feed, or None: see
+open dumps; ``checks``: each dump's :class:`kvconv.check.validate.Validation` to feed, or None: see
 :func:`kvconv.emit._contexts.emit_run`) plus one :func:`register` call below::
 
     register(Format(name="csv", writer="kvconv.emit.csv:write_csv", output="output .csv (- for stdout)",
@@ -32,8 +32,8 @@ class Format:
     def write(self, dumps, out, *, options, warn=None, checks=None):
         """The format's writer on ``dumps`` (paths, or dumps open already: :meth:`kvconv.run.Run.write`)."""
         module, function = self.writer.split(":")
-        return getattr(importlib.import_module(module), function)(dumps, out, options=options, warn=warn,
-                                                                  checks=checks)
+        extra = {"checks": checks} if checks is not None else {}  # a writer of the former signature still writes
+        return getattr(importlib.import_module(module), function)(dumps, out, options=options, warn=warn, **extra)
 
 
 FORMATS: dict[str, Format] = {}
@@ -48,7 +48,7 @@ def register(fmt: Format) -> Format:
     from kvconv.format.errors import UsageError
 
     if fmt.name in FORMATS:
-        raise UsageError(f"output format {fmt.name!r} registered twice", code="bad-format")
+        raise UsageError(f"output format {fmt.name!r} registered twice", code="format-twice")
     FORMATS[fmt.name] = fmt
     return fmt
 
@@ -62,7 +62,7 @@ def format_of(name: str) -> Format:
     from kvconv.format.errors import UsageError
 
     if name not in FORMATS:
-        raise UsageError(f"no output format {name!r}: {', '.join(FORMATS)}", code="bad-format")
+        raise UsageError(f"no output format {name!r}: {', '.join(FORMATS)}", code="no-format")
     return FORMATS[name]
 
 

@@ -74,7 +74,10 @@ from kvconv.check.reconcile.tally import tally_match
 from kvconv.check.reconcile.window import Windowed, join_window
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
-from kvconv.join import calibration
+from kvconv.join import (
+    JOINS,  # the one vocabulary of --join (kvconv/join/__init__.py)
+    calibration,
+)
 from kvconv.join.durations import LaunchDurations
 from kvconv.join.durations import section as durations_section
 from kvconv.join.events import (
@@ -93,7 +96,6 @@ from kvconv.join.exact import (
     explain_unmatched,
     join_exact,
 )
-from kvconv.join import JOINS  # the one vocabulary of --join (kvconv/join/__init__.py)
 from kvconv.join.launches import EAGER, GRAPH_NODE, LaunchTable
 from kvconv.join.notes import Notes
 from kvconv.memory import release_heap
