@@ -37,13 +37,22 @@ class RunOptions:
     strict_coverage: bool = False
     verify_checksums: bool = True  # the reader refuses a payload checksum that does not match (the checks report it)
 
+    def __post_init__(self) -> None:
+        from kvconv.format.errors import UsageError
+        from kvconv.join import JOINS
+
+        if self.join not in JOINS:  # refused when the run is made, before any work
+            raise UsageError(f"--join must be one of {', '.join(JOINS)}, not {self.join!r}", code="bad-join")
+
     def validate_options(self):
+        """These options as validate's (:class:`kvconv.check.validate.ValidateOptions`)."""
         from kvconv.check.validate import ValidateOptions
 
         return ValidateOptions(reconcile=self.reconcile, relaxed_reconcile=self.relaxed, canary=self.canary,
                                salvage=self.salvage, missing_writes=self.missing_writes)
 
     def reconcile_options(self):
+        """These options as reconcile's (:class:`kvconv.check.reconcile.ReconcileOptions`)."""
         from kvconv.check.reconcile import ReconcileOptions
 
         return ReconcileOptions(join=self.join, relaxed=self.relaxed, strict_coverage=self.strict_coverage)
@@ -61,6 +70,7 @@ class Part:
 
     @property
     def exit_code(self) -> int:
+        """The part's verdict's exit status (schemas/codes.json ``verdicts``)."""
         from kvconv.check.verdict import EXIT_CODES
 
         return EXIT_CODES[self.verdict]
@@ -155,11 +165,10 @@ class DumpRun:
         return d
 
     def close(self) -> None:
-        """Close the dump, keeping what the run asks of it after (its process, its clocks: a few hundred bytes);
-        asked for again, it is opened again."""
+        """Close the dump, keeping what the run asks of it after (its process: a few hundred bytes); asked for
+        again, it is opened again."""
         if self._dump is not None:
             self.process  # noqa: B018 - read while the file is open (kvconv.check.runs.one_run asks after)
-            self.clocks  # noqa: B018 - (the cross-dump skew of kvconv reconcile and report asks after)
             self._dump.close()
             self._dump = None
             self._verified = False
@@ -226,14 +235,17 @@ class DumpRun:
 
     @property
     def exit_code(self) -> int:
+        """The verdict's exit status (schemas/codes.json ``verdicts``: 0 ok, 1 failed, 2 unreadable, ...)."""
         return self.validation.exit_code
 
     @property
     def findings(self) -> list:
+        """Every finding of the checks (:class:`kvconv.format.findings.Finding`), in the passes' order."""
         return self.validation.findings
 
     @property
     def incidents(self) -> list[dict]:
+        """The findings grouped by cause (:func:`kvconv.check.verdict.incidents`)."""
         return self.validation.incidents
 
     @property
@@ -242,7 +254,8 @@ class DumpRun:
         return self.validation.passes
 
     def unreadable_error(self):
-        """The one-line error of a dump that cannot be read as a whole (its first error finding), else None."""
+        """The one-line error of a dump that cannot be read as a whole (its first error finding, a
+        :class:`~kvconv.format.errors.FormatError` to raise or print), else None."""
         from kvconv.format.errors import FormatError
 
         rep = self.validation
@@ -257,9 +270,19 @@ class DumpRun:
         return res.result if res is not None else None
 
     def part(self, *names: str) -> Part:
-        """The part of the verdict of the passes ``names`` (canary, writes, values), as ``kvconv canary`` states it:
-        those passes run on the reader (which refuses a damaged payload), their findings judged with the dump's own
-        state (the reader's problems: cut short, unfinished) as the whole is. The other passes do not run."""
+        """The part of the verdict of some passes, as ``kvconv canary`` states it: those passes run on the reader,
+        their findings judged with the dump's own state (the reader's problems: cut short, unfinished) as the whole
+        is. The other passes do not run.
+
+        Args:
+            names: passes of :func:`kvconv.check.passes.registry` (canary, writes, values).
+
+        Returns:
+            A :class:`Part`: verdict, findings, incidents, each pass's result.
+
+        Raises:
+            FormatError: the dump is not readable as a whole. DamagedError: a payload checksum does not match.
+        """
         from kvconv.check import passes, verdict
 
         d = self.reader
@@ -292,15 +315,35 @@ class DumpRun:
         return self.reconcile(tables=True)
 
     def reconcile(self, *, tables: bool = True):
-        """kvconv reconcile's result; ``tables=False``: the report only, memory bounded by the host records."""
+        """kvconv reconcile's result with the run's join (computed again on each call; :attr:`reconciliation` keeps
+        one).
+
+        Args:
+            tables: keep the match and launch tables; False: the report only, memory bounded by the host records.
+
+        Returns:
+            A :class:`kvconv.check.reconcile.ReconcileResult`.
+
+        Raises:
+            FormatError / DamagedError: the dump is not readable, or its records are damaged.
+        """
         from kvconv.check import reconcile
 
         return reconcile.reconcile(self.reader, options=self.options.reconcile_options(), tables=tables,
                                    progress=self.progress)
 
     def launches(self, context_id: int = 0):
-        """One context's launch table and its exact (gridid, tag) join (:func:`kvconv.join.exact.load_joined`),
-        loaded once."""
+        """One context's launch table and its exact (gridid, tag) join, loaded once.
+
+        Args:
+            context_id: the context (``reader.contexts()``).
+
+        Returns:
+            ``(LaunchTable, ExactJoin)`` (:func:`kvconv.join.exact.load_joined`).
+
+        Raises:
+            FormatError / DamagedError: the dump is not readable, or its records are damaged.
+        """
         from kvconv.join.exact import load_joined
 
         if context_id not in self._joins:
@@ -315,7 +358,9 @@ class DumpRun:
         from kvconv.look.profile import profile
 
         try:
-            return profile(self.reader, join=self.options.join, progress=self.progress)
+            p = profile(self.reader, join=self.options.join, progress=self.progress)
+            self.clocks  # noqa: B018 - what the report pairs with it across dumps, read while the file is open
+            return p
         except KvconvError:
             if self.verdict != "failed":
                 raise

@@ -80,13 +80,14 @@ def _one(dr, popts, done: list):
         r = dr.reconcile(tables=False)  # the report only (no per-event table): memory bounded by the host records
     # a dump that traced nothing agrees trivially (0 = 0 = 0): the verdict's coverage check says so, exit 4
     cov = verdict.coverage(dr.reader, canary_steps=0, write_steps=0)
-    dr.close()  # (what the cross-dump skew needs of it is kept: DumpRun.clocks)
+    clocks = dr.clocks  # what the cross-dump skew needs of it, kept once the dump is closed
+    dr.close()
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
         rep["findings"].append(cov.to_dict())
         rep["summary"]["warning"] += 1
         lines.append(cov.line())
-    done.append((dr.clocks, r, rep, cov is not None))
+    done.append((clocks, r, rep, cov is not None))
     code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov)]
     return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines), dump=dr)
 
