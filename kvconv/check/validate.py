@@ -213,10 +213,6 @@ class Validation:
         self.active: set[int] = set()  # contexts a walk is feeding now
         self._done: Report | BaseException | None = None
 
-    @property
-    def rc(self):
-        return self.lc.rc if self.lc is not None else None
-
     def begin(self, ctx: int, *, verifying: bool) -> _Walk | None:
         """A walk of the context's device events starts: its :class:`_Walk`, or None when the context is checked
         already, another walk is feeding it (a walk read ahead inside the first), or the report is made."""
@@ -250,6 +246,7 @@ class Validation:
         conclude(self.rep, self.st)
         if self.progress is not None:
             self.progress(self.d.size, self.d.size)
+        self.lc = self.st.pages = None  # the walks' state (the reconciler's, pages pending): the report holds the rest
         return self.rep
 
 
