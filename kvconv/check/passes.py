@@ -180,9 +180,9 @@ def launches(st: Checking) -> PassResult:
 
 class Launches:
     """The launches pass in its parts, for validate's own walk (:func:`launches`) and for a converter's walks that
-    feed the same checks chunk by chunk (:mod:`kvconv.emit._checks`): set up once, each context checked (its device
-    events, then its host records), then :meth:`result`. Each context's findings stay apart until the result, in
-    the contexts' order, whatever order the contexts were checked in."""
+    feed the same checks chunk by chunk (:class:`kvconv.check.validate.Validation`): set up once, each context
+    checked (its device events, then its host records), then :meth:`result`. Each context's findings stay apart until
+    the result, in the contexts' order, whatever order the contexts were checked in."""
 
     def __init__(self, st: Checking) -> None:
         d = self.d = st.d
