@@ -169,6 +169,8 @@ class DumpRun:
         again, it is opened again."""
         if self._dump is not None:
             self.process  # noqa: B018 - read while the file is open (kvconv.check.runs.one_run asks after)
+            if self._validation is not None and not self._validation.done:  # unfinished checks would read the
+                self._validation = None  # closed file: made again, on the file opened again, when asked for
             self._dump.close()
             self._dump = None
             self._verified = False

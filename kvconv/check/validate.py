@@ -222,6 +222,11 @@ class Validation:
         self.active.add(ctx)
         return _Walk(self, ctx, verifying=verifying)
 
+    @property
+    def done(self) -> bool:
+        """Whether the report is made (or the checks raised): :meth:`finish` reads the dump no more."""
+        return self._done is not None
+
     def finish(self) -> Report:
         """The dump's report, as :func:`kvconv.check.validate.validate` gives it; made once (a later call returns
         it, or raises again what the checks raised)."""
