@@ -209,7 +209,7 @@ class Validation:
         at = next(i for i, p in enumerate(reg) if p.name == "launches")
         self.launches_pass, self.after = reg[at], reg[at + 1:]
         passes.run_all(self.st, reg[:at])
-        self.lc = passes.Launches(self.st) if self.launches_pass.applies(d) else None
+        self.lc = self.st.launches = passes.Launches(self.st) if self.launches_pass.applies(d) else None
         self.active: set[int] = set()  # contexts a walk is feeding now
         self._done: Report | BaseException | None = None
 
@@ -241,17 +241,15 @@ class Validation:
         return self._done
 
     def _finish(self) -> Report:
-        if self.lc is not None:
-            for ctx, _dev in self.d.contexts():
-                if ctx not in self.lc.found:  # no walk of a converter ran to the end: the pass over it is here
-                    self.active.discard(ctx)
-                    self.lc.check_context(ctx)
-            passes.took(self.st, "launches", self.lc.result())
+        if self.lc is not None:  # the pass itself checks each context no walk of a converter ran to the end
+            self.active.clear()
+            passes.took(self.st, "launches", self.launches_pass.run(self.st))
         passes.run_all(self.st, self.after)
         conclude(self.rep, self.st)
         if self.progress is not None:
             self.progress(self.d.size, self.d.size)
-        self.lc = self.st.pages = None  # the walks' state (the reconciler's, pages pending): the report holds the rest
+        # the walks' state (the reconciler's, pages pending): the report holds the rest
+        self.lc = self.st.launches = self.st.pages = None
         return self.rep
 
 

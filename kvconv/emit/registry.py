@@ -31,9 +31,13 @@ class Format:
 
     def write(self, dumps, out, *, options, warn=None, checks=None):
         """The format's writer on ``dumps`` (paths, or dumps open already: :meth:`kvconv.run.Run.write`)."""
+        import inspect
+
         module, function = self.writer.split(":")
-        extra = {"checks": checks} if checks is not None else {}  # a writer of the former signature still writes
-        return getattr(importlib.import_module(module), function)(dumps, out, options=options, warn=warn, **extra)
+        fn = getattr(importlib.import_module(module), function)
+        if checks is not None and "checks" in inspect.signature(fn).parameters:
+            return fn(dumps, out, options=options, warn=warn, checks=checks)
+        return fn(dumps, out, options=options, warn=warn)  # (a writer without checks: the dumps checked apart)
 
 
 FORMATS: dict[str, Format] = {}
