@@ -1,10 +1,11 @@
 """One traced run, the centre every command and notebook starts from: ``kvconv.open(path_or_paths) -> Run``.
 
 A run is one dump, or the per-process dumps of one engine run (its front end, scheduler or workers:
-:mod:`kvconv.check.runs`). Everything is computed when first asked for and kept: the readers, each dump's checks (the
-passes of :mod:`kvconv.check.passes`, run once), the verdict (:mod:`kvconv.check.verdict`, the only judge), the
-reconciliation, the canaries, the Arrow tables; the converters write what ``kvconv perfetto | chrome | arrow |
-report`` write.
+:mod:`kvconv.check.runs`). Each dump is opened once (:class:`kvconv.dumprun.DumpRun`) and everything takes that open
+dump, computed when first asked for and kept: each dump's checks (the passes of :mod:`kvconv.check.passes`, run
+once, by validate or fed by a converter's pass), the verdict (:mod:`kvconv.check.verdict`, the only judge), the
+reconciliation, the canaries, the Arrow tables (built in memory by the Arrow writer's code); the converters write what
+``kvconv perfetto | chrome | arrow | report`` write, from the same open dumps (tests/test_opens.py counts the opens).
 
     >>> import kvconv
     >>> run = kvconv.open("qwen3-14b.kvdump")                 # doctest: +SKIP
