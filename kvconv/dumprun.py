@@ -140,7 +140,8 @@ class DumpRun:
 
         d = self.scanned()
         first = next((p for p in d.problems if p.severity == "error"), None)
-        if first is not None:
+        if first is not None:  # closed, as dump.open closes what it refuses (the checks' report, if made, is kept)
+            self._release()
             raise FormatError(first.message, path=first.path, group=first.group, offset=first.offset,
                               field=first.field, code=first.code)
         if not self._told:
@@ -169,11 +170,23 @@ class DumpRun:
         again, it is opened again."""
         if self._dump is not None:
             self.process  # noqa: B018 - read while the file is open (kvconv.check.runs.one_run asks after)
-            if self._validation is not None and not self._validation.done:  # unfinished checks would read the
-                self._validation = None  # closed file: made again, on the file opened again, when asked for
+            self._release()
+
+    def _release(self) -> None:
+        """The file closed; checks not finished would read it: made again, on the file opened again, if asked for."""
+        if self._validation is not None and not self._validation.done:
+            self._validation = None
+        if self._dump is not None:
             self._dump.close()
             self._dump = None
             self._verified = False
+
+    def __del__(self) -> None:
+        # a run let go without close (a notebook's, a command stopped by an error): its file closed with it
+        try:
+            self._release()
+        except Exception:  # noqa: BLE001, S110 - at interpreter exit the modules it needs may be gone already
+            pass
 
     @cached_property
     def process(self) -> dict:

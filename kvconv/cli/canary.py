@@ -68,6 +68,7 @@ def canary_cmd(
         result, text = res.write_json, _text(res, part, all_steps=all_steps, quiet=quiet)
     if part.verdict == "ok":  # this part is clean: say so when the dump's one verdict is not (a wrong value, say)
         verdict_warnings(run, done="this part is clean")
+    run.close()
     finish("canary", [Outcome(str(dump_path), part.exit_code, result, text=text)], as_json=as_json)
 
 

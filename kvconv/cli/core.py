@@ -132,7 +132,7 @@ def _validate_one(path: Path, options, popts=None, *, all_findings: bool = False
                   options=popts or ProgressOptions(enabled=False)) as bar:
         run.dumps[0].progress = bar.update
         r = run.validation
-    # left open: the run's links (kvconv.check.runs) may ask for its process, read from this open dump
+    run.close()  # its process facts are kept for the run's links (kvconv.check.runs)
     error = run.dumps[0].unreadable_error()
     if error is not None:  # unreadable input: the one-line error goes to stderr, like every other command's errors
         return Outcome(r.path, r.exit_code, r.to_dict(), error=error, dump=run.dumps[0])

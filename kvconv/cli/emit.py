@@ -122,16 +122,16 @@ def command(fmt: Format):
             raise UsageError("--json prints its document on stdout: give -o PATH for the output", code="bad-output")
         if not kind.get("append"):  # a signal once it is in place keeps it, and says so
             interrupt.output(out)
-        the_run = kvconv.open(dumps, options=RunOptions(salvage=salvage))
-        try:
-            res = _write(the_run, out, join, chunk, progress, force, quiet or as_json, fmt_, kind)
-        except KvconvError as e:
-            if not as_json:
-                raise
-            finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
-        _report(res, quiet, as_json=as_json)
-        # the one verdict of each dump, stated beside the output written; from the pass that converted it (Run.write)
-        verdicts = verdict_warnings(the_run)
+        with kvconv.open(dumps, options=RunOptions(salvage=salvage)) as the_run:
+            try:
+                res = _write(the_run, out, join, chunk, progress, force, quiet or as_json, fmt_, kind)
+            except KvconvError as e:
+                if not as_json:
+                    raise
+                finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
+            _report(res, quiet, as_json=as_json)
+            # the one verdict of each dump, stated beside the output written; from the pass that converted it
+            verdicts = verdict_warnings(the_run)
         if as_json:
             from kvconv.cli.common import envelope
 
