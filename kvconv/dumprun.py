@@ -200,6 +200,17 @@ class DumpRun:
         except KvconvError:
             return {}
 
+    def metadata_or_none(self) -> dict | None:
+        """The dump's run metadata, from the one open dump (no checksum summed for it); None where it cannot be read
+        (the verdict says why)."""
+        from kvconv.format.errors import KvconvError
+
+        try:
+            meta = self.scanned().metadata()
+        except (KvconvError, OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
     @cached_property
     def clocks(self):
         """What the cross-dump replay skew needs of the dump (:func:`kvconv.check.skew.clocks`: its path, hostname
