@@ -1,10 +1,11 @@
 """One traced run, the centre every command and notebook starts from: ``kvconv.open(path_or_paths) -> Run``.
 
 A run is one dump, or the per-process dumps of one engine run (its front end, scheduler or workers:
-:mod:`kvconv.check.runs`). Everything is computed when first asked for and kept: the readers, each dump's checks (the
-passes of :mod:`kvconv.check.passes`, run once), the verdict (:mod:`kvconv.check.verdict`, the only judge), the
-reconciliation, the canaries, the Arrow tables; the converters write what ``kvconv perfetto | chrome | arrow |
-report`` write.
+:mod:`kvconv.check.runs`). Each dump is opened once (:class:`kvconv.dumprun.DumpRun`) and everything takes that open
+dump, computed when first asked for and kept: each dump's checks (the passes of :mod:`kvconv.check.passes`, run
+once, by validate or fed by a converter's pass), the verdict (:mod:`kvconv.check.verdict`, the only judge), the
+reconciliation, the canaries, the Arrow tables (built in memory by the Arrow writer's code); the converters write what
+``kvconv perfetto | chrome | arrow | report`` write, from the same open dumps (tests/test_opens.py counts the opens).
 
     >>> import kvconv
     >>> run = kvconv.open("qwen3-14b.kvdump")                 # doctest: +SKIP
@@ -23,239 +24,50 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import replace
 from pathlib import Path
+
+from kvconv.dumprun import DumpRun, Part, RunOptions  # noqa: F401 - kvconv.run.DumpRun / Part / RunOptions
 
 PathLike = str | os.PathLike
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How a run is read and checked (keyword-only, frozen).
+class Run:
+    """A run of one or several dumps (module docstring): each dump opened once (:class:`DumpRun`), and every
+    question of the run (verdict, reconciliation, canaries, tables, converters, report) asked of those open dumps.
+    A context manager: ``with kvconv.open(p) as run: ...`` closes them.
 
-    salvage: read dumps cut short up to their last whole record. reconcile / relaxed: run the reconciler in the
-    checks, its mismatches as warnings with ``relaxed``. canary / missing_writes: run the canaries; report expected
-    pages that did not change. join / strict_coverage: the join of :attr:`DumpRun.reconciliation` and of the report's
-    profile (``kvconv reconcile --join``), the late-coverage blocks as errors.
+        >>> with kvconv.open(["rank0.kvdump", "rank1.kvdump"]) as run:   # doctest: +SKIP
+        ...     run.exit_code, [d.verdict for d in run.dumps]
+        (0, ['ok', 'ok'])
+
+    Args:
+        paths: one dump path, or several (one engine run's processes, a tensor-parallel run's ranks).
+        options: how the dumps are read and checked (:class:`RunOptions`).
+        one_run: the dumps are one run whatever their metadata says (what ``kvconv record`` ran).
+        held: dumps already open (path -> :class:`DumpRun`, of these ``options``), taken as the run's own (each
+            taken is removed from ``held``).
+
+    Raises:
+        UsageError: no path given.
     """
 
-    salvage: bool = False
-    reconcile: bool = True
-    relaxed: bool = False
-    canary: bool = True
-    missing_writes: bool = True
-    join: str = "auto"
-    strict_coverage: bool = False
-    verify_checksums: bool = True  # the reader refuses a payload checksum that does not match (the checks report it)
-
-    def validate_options(self):
-        from kvconv.check.validate import ValidateOptions
-
-        return ValidateOptions(reconcile=self.reconcile, relaxed_reconcile=self.relaxed, canary=self.canary,
-                               salvage=self.salvage, missing_writes=self.missing_writes)
-
-    def reconcile_options(self):
-        from kvconv.check.reconcile import ReconcileOptions
-
-        return ReconcileOptions(join=self.join, relaxed=self.relaxed, strict_coverage=self.strict_coverage)
-
-
-@dataclass(frozen=True)
-class Part:
-    """Some checks' part of a dump's verdict (``kvconv canary``'s): their findings with the dump's own state, judged
-    as the whole is (:func:`kvconv.check.verdict.part`)."""
-
-    verdict: str
-    findings: list  # the checks' own findings (the dump's structure findings judged, not listed)
-    incidents: list[dict]
-    results: dict  # check name -> its result (CanaryResult, WritesResult, ...)
-
-    @property
-    def exit_code(self) -> int:
-        from kvconv.check.verdict import EXIT_CODES
-
-        return EXIT_CODES[self.verdict]
-
-
-class DumpRun:
-    """One dump of a run: its reader, checks, verdict and views, each computed once when first asked for."""
-
-    def __init__(self, path: PathLike, options: RunOptions, *, progress=None) -> None:
-        self.path = str(path)
-        self.options = options
-        self.progress = progress  # progress(done, total) of the checks, in bytes (kvconv.progress)
-        self._reader = None
-        self._joins: dict = {}  # context id -> (LaunchTable, ExactJoin)
-
-    def __repr__(self) -> str:
-        return f"<kvconv DumpRun {self.path!r}>"
-
-    @property
-    def reader(self):
-        """The open dump (:func:`kvconv.format.dump.open`): groups, records as numpy views, metadata."""
-        if self._reader is None:
-            from kvconv.format import dump
-
-            self._reader = dump.open(self.path, options=dump.ReadOptions(salvage=self.options.salvage,
-                                                                         verify_checksums=self.options.verify_checksums))
-        return self._reader
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-    def metadata_or_none(self) -> dict | None:
-        """The dump's run metadata from its reader (which the run's other views share); None where it cannot be
-        read (the verdict says why)."""
-        import warnings
-
-        from kvconv.format.errors import KvconvError
-
-        try:
-            with warnings.catch_warnings():  # an unfinished dump's warning is its validation's to say
-                warnings.simplefilter("ignore")
-                meta = self.reader.metadata()
-        except (KvconvError, OSError, ValueError):
-            return None
-        return meta if isinstance(meta, dict) else None
-
-    @cached_property
-    def validation(self):
-        """kvconv validate's report (:class:`kvconv.check.validate.Report`): every pass's findings, the incidents,
-        the verdict."""
-        from kvconv.check.validate import validate
-
-        return validate(self.path, options=self.options.validate_options(), progress=self.progress)
-
-    def adopt(self, report) -> None:
-        """Take ``report`` (validate's, of this dump, made elsewhere: by a converter's own pass over the events) as
-        :attr:`validation`, so that it is not computed again."""
-        self.__dict__["validation"] = report
-
-    @property
-    def verdict(self) -> str:
-        """ok, failed, incomplete, nothing-checked or unreadable (:func:`kvconv.check.verdict.judge`)."""
-        return self.validation.verdict
-
-    @property
-    def exit_code(self) -> int:
-        return self.validation.exit_code
-
-    @property
-    def findings(self) -> list:
-        return self.validation.findings
-
-    @property
-    def incidents(self) -> list[dict]:
-        return self.validation.incidents
-
-    @property
-    def passes(self) -> dict:
-        """Each pass that ran (name -> :class:`kvconv.check.passes.PassResult`: findings, what it checked)."""
-        return self.validation.passes
-
-    def unreadable_error(self):
-        """The one-line error of a dump that cannot be read as a whole (its first error finding), else None."""
-        from kvconv.format.errors import FormatError
-
-        rep = self.validation
-        if not rep.unreadable:
-            return None
-        first = next(f for f in rep.findings if f.severity == "error")
-        return FormatError(first.message, path=first.path, offset=first.offset, field=first.field, group=first.group,
-                           code=first.code)
-
-    def _result(self, name: str):
-        res = self.passes.get(name)
-        return res.result if res is not None else None
-
-    def part(self, *names: str) -> Part:
-        """The part of the verdict of the passes ``names`` (canary, writes, values), as ``kvconv canary`` states it:
-        those passes run on the reader (which refuses a damaged payload), their findings judged with the dump's own
-        state (the reader's problems: cut short, unfinished) as the whole is. The other passes do not run."""
-        from kvconv.check import passes, verdict
-
-        d = self.reader
-        st = passes.Checking(d, self.options.validate_options())
-        results = {name: res for name in names if (res := getattr(passes, name)(st)) is not None}
-        found = [f for r in results.values() for f in r.findings]
-        checked = any(r.verified for r in results.values())
-        return Part(verdict.part(list(d.problems) + found, checked=checked), found, verdict.incidents(found, results),
-                    {k: r.result for k, r in results.items()})
-
-    @property
-    def canary(self):
-        """The location canary's result (None: no canary record, or not checked)."""
-        return self._result("canary")
-
-    @property
-    def writes(self):
-        """The write-address canary's result (None: no slot_write or write_step record, or not checked)."""
-        return self._result("writes")
-
-    @property
-    def values(self):
-        """The value canary's result (None: no value_digest record)."""
-        return self._result("values")
-
-    @cached_property
-    def reconciliation(self):
-        """kvconv reconcile's result with the run's join (:class:`kvconv.check.reconcile.ReconcileResult`), its
-        match and launch tables included (``.to_arrow("matches")``)."""
-        return self.reconcile(tables=True)
-
-    def reconcile(self, *, tables: bool = True):
-        """kvconv reconcile's result; ``tables=False``: the report only, memory bounded by the host records."""
-        from kvconv.check import reconcile
-
-        return reconcile.reconcile(self.reader, options=self.options.reconcile_options(), tables=tables,
-                                   progress=self.progress)
-
-    def launches(self, context_id: int = 0):
-        """One context's launch table and its exact (gridid, tag) join (:func:`kvconv.join.exact.load_joined`),
-        loaded once."""
-        from kvconv.join.exact import load_joined
-
-        if context_id not in self._joins:
-            self._joins[context_id] = load_joined(self.reader, context_id)
-        return self._joins[context_id]
-
-    @cached_property
-    def profile(self):
-        """What kvconv report and diff plot (:func:`kvconv.look.profile.profile`); None where the records are
-        damaged (the verdict says so)."""
-        from kvconv.format.errors import KvconvError
-        from kvconv.look.profile import profile
-
-        try:
-            return profile(self.reader, join=self.options.join, progress=self.progress)
-        except KvconvError:
-            if self.verdict != "failed":
-                raise
-            return None
-
-
-class Run:
-    """A run of one or several dumps (module docstring). A context manager: ``with kvconv.open(p) as run: ...``
-    closes the readers it opened."""
-
     def __init__(self, paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions(),
-                 one_run: bool = False) -> None:
+                 one_run: bool = False, held: dict | None = None) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.options = options
         self.one_run = one_run  # the dumps are one run whatever their metadata says (what kvconv record ran)
-        self.dumps: tuple[DumpRun, ...] = tuple(DumpRun(p, options) for p in paths)
+        held = held if held is not None else {}
+        self.dumps: tuple[DumpRun, ...] = tuple(held.pop(str(p), None) or DumpRun(p, options) for p in paths)
         if not self.dumps:
             from kvconv.format.errors import UsageError
 
-            raise UsageError("kvconv.open needs at least one dump path")
-        self._tables_dir = None
+            raise UsageError("kvconv.open needs at least one dump path", code="no-input")
 
     @property
     def paths(self) -> list[str]:
+        """The dumps' paths, in the order given."""
         return [d.path for d in self.dumps]
 
     def __repr__(self) -> str:
@@ -268,11 +80,9 @@ class Run:
         self.close()
 
     def close(self) -> None:
+        """Close every dump (each is opened again if asked for again)."""
         for d in self.dumps:
             d.close()
-        if self._tables_dir is not None:
-            self._tables_dir.cleanup()
-            self._tables_dir = None
 
     # ---- the verdict ---------------------------------------------------------------------------------------------
 
@@ -306,7 +116,7 @@ class Run:
         if "_runs" not in vars(self):
             from kvconv.check.runs import split
 
-            self._runs = split(self.paths, one=self.one_run, metas=[d.metadata_or_none() for d in self.dumps]
+            self._runs = split(self.paths, one=self.one_run, metas=[d.metadata_or_none() or {} for d in self.dumps]
                                if len(self.dumps) > 1 and not self.one_run else None)
         return self._runs
 
@@ -322,17 +132,21 @@ class Run:
 
     @property
     def findings(self) -> list:
+        """Every dump's findings (:class:`kvconv.format.findings.Finding`), in dump order."""
         return [f for d in self.dumps for f in d.findings]
 
     @property
     def incidents(self) -> list[dict]:
+        """Every dump's incidents (findings grouped by cause: :func:`kvconv.check.verdict.incidents`)."""
         return [i for d in self.dumps for i in d.incidents]
 
     # ---- one dump's views, for a one-dump run -------------------------------------------------------------------
 
     def _one(self) -> DumpRun:
         if len(self.dumps) > 1:
-            raise ValueError(f"a run of {len(self.dumps)} dumps: ask run.dumps[i] for one dump's")
+            from kvconv.format.errors import UsageError
+
+            raise UsageError(f"a run of {len(self.dumps)} dumps: ask run.dumps[i] for one dump's", code="several-dumps")
         return self.dumps[0]
 
     reader = property(lambda self: self._one().reader, doc="the one dump's reader (DumpRun.reader)")
@@ -346,45 +160,61 @@ class Run:
     # ---- converters -----------------------------------------------------------------------------------------------
 
     def write(self, fmt: str, out: PathLike, *, options=None, warn=None, force: bool = False):
-        """Write the run in a registered output format (:mod:`kvconv.emit.registry`: perfetto, chrome, arrow);
-        ``options``: :class:`kvconv.emit.EmitOptions` (salvage follows the run's); ``force``: replace an existing
-        output (as ``--force``)."""
+        """Write the run in a registered output format, from the run's open dumps.
+
+        With ``options.verdict`` the converter feeds each dump's checks (:meth:`DumpRun.checking`) the chunks it
+        reads: the dumps' verdicts cost no second pass, and are the dumps' own (``dr.validation``).
+
+        Args:
+            fmt: a format of :mod:`kvconv.emit.registry` (perfetto, chrome, arrow).
+            out: the output path (``-``: standard output, where the format allows it).
+            options: :class:`kvconv.emit.EmitOptions` (default: the run's join; salvage always follows the run's).
+            warn: ``warn(message)`` for each warning (default: collected in the result's ``warnings``).
+            force: replace an existing output (as ``--force``).
+
+        Returns:
+            The format's :class:`kvconv.emit.EmitResult`.
+
+        Raises:
+            KvconvError: an unreadable or damaged dump (FormatError, DamagedError), an output that may not be
+            written (OutputError), options that do not fit (UsageError); nothing is written then.
+        """
         from kvconv.emit import EmitOptions
-        from kvconv.emit.registry import FORMATS
+        from kvconv.emit.registry import format_of
 
-        opts = options if options is not None else EmitOptions()
-        if (self.options.salvage and not opts.salvage) or (force and not opts.force):
-            opts = replace(opts, salvage=opts.salvage or self.options.salvage, force=opts.force or force)
-        res = FORMATS[fmt].write(self.paths, str(out), options=opts, warn=warn)
-        self._adopt(getattr(res, "verdicts", None) or [])
-        return res
-
-    def _adopt(self, reports: list) -> None:
-        """Take each dump's validate report from the pass that converted it (``EmitOptions(verdict=True)``), so
-        that the run's verdict costs no second pass; a dump whose checks failed there is validated on its own."""
-        from kvconv.check.validate import Report
-
-        if len(reports) != len(self.dumps):
-            return
-        for dr, rep in zip(self.dumps, reports):
-            if isinstance(rep, Report) and "validation" not in vars(dr):
-                dr.adopt(rep)
+        opts = options if options is not None else EmitOptions(join=self.options.join)
+        # salvage: the dumps are open as the run reads them
+        opts = replace(opts, salvage=self.options.salvage, force=opts.force or force)
+        dumps = [d.opened() for d in self.dumps]
+        checks = [d.checking() for d in self.dumps] if opts.verdict else None
+        return format_of(fmt).write(dumps, str(out), options=opts, warn=warn, checks=checks)
 
     def to_perfetto(self, out: PathLike, *, options=None, force: bool = False):
-        """A Perfetto trace (what ``kvconv perfetto`` writes): ui.perfetto.dev, trace_processor."""
+        """A Perfetto trace (what ``kvconv perfetto`` writes; ui.perfetto.dev, trace_processor): :meth:`write`."""
         return self.write("perfetto", out, options=options, force=force)
 
     def to_chrome(self, out: PathLike, *, options=None, force: bool = False):
-        """Chrome JSON trace events (what ``kvconv chrome`` writes)."""
+        """Chrome JSON trace events (what ``kvconv chrome`` writes): :meth:`write`."""
         return self.write("chrome", out, options=options, force=force)
 
     def to_arrow(self, out: PathLike, *, options=None, force: bool = False):
-        """A partitioned Arrow IPC / Parquet dataset (what ``kvconv arrow`` writes)."""
+        """A partitioned Arrow IPC / Parquet dataset (what ``kvconv arrow`` writes): :meth:`write`."""
         return self.write("arrow", out, options=options, force=force)
 
     def report(self, out: PathLike, *, force: bool = False) -> dict:
-        """Write the self-contained HTML page of ``kvconv report`` (replacing ``out`` only with ``force`` or when it
-        is kvconv's own earlier page); returns ``{"path", "bytes", "plots"}``."""
+        """Write the self-contained HTML page of ``kvconv report``.
+
+        Args:
+            out: the page's path; replaced only with ``force`` or when it is kvconv's own earlier page.
+            force: replace an existing file.
+
+        Returns:
+            ``{"path", "bytes", "plots"}``.
+
+        Raises:
+            OutputError: ``out`` may not be written (an input, another program's file without ``force``).
+            FormatError: a dump is not readable as a whole.
+        """
         from kvconv.format.atomic import atomic_output, check_output
 
         check_output(str(out), inputs=self.paths, kind="report", force=force)
@@ -400,41 +230,48 @@ class Run:
         from kvconv.look import report
 
         profiles = [d.profile for d in self.dumps]
-        whole = [(d.path, p) for d, p in zip(self.dumps, profiles) if p is not None]
-        cross = skew.cross_dump([w for w, _ in whole], [p.reconcile for _, p in whole]) if len(whole) > 1 else None
+        whole = [(d, p) for d, p in zip(self.dumps, profiles) if p is not None]
+        cross = skew.cross_dump([d.clocks for d, _ in whole], [p.reconcile for _, p in whole]) \
+            if len(whole) > 1 else None
         return report.page(profiles, cross=cross, verdicts=[d.validation.to_dict() for d in self.dumps])
 
     # ---- tables ----------------------------------------------------------------------------------------------------
 
     @property
     def tables(self) -> list[str]:
-        """The names :meth:`table` answers: the tables of ``kvconv arrow`` (one per exported record kind, plus
-        ``launch`` and ``matches``)."""
-        return sorted(p.name for p in self._arrow_dir().iterdir() if p.is_dir())
+        """The names :meth:`table` answers: the tables ``kvconv arrow`` writes of this run (one per exported record
+        kind, plus ``launch`` and ``matches``), sorted."""
+        from kvconv.emit._tables import table_names
+
+        return table_names([d.opened() for d in self.dumps], options=self._table_options())
 
     def table(self, name: str):
-        """A ``pyarrow.Table`` of the run (every dump's rows): ``run.table("launch").to_pandas()``."""
-        import pyarrow.dataset as ds
+        """One table of the run (every dump's rows, with ``run`` and ``device`` columns as ``kvconv arrow``'s
+        partitions give them), built from the open dumps by the Arrow converter's own code, in memory.
 
-        path = self._arrow_dir() / name
-        if not path.is_dir():
-            raise KeyError(f"no table {name!r}: the run has {', '.join(self.tables)}")
-        return ds.dataset(path, format="arrow", partitioning="hive").to_table()
+            >>> run.table("launch").to_pandas()      # doctest: +SKIP
+
+        Args:
+            name: one of :attr:`tables`.
+
+        Returns:
+            A ``pyarrow.Table``.
+
+        Raises:
+            UsageError: the run has no such table (the message lists those it has).
+        """
+        from kvconv.emit._tables import read_table
+
+        return read_table([d.opened() for d in self.dumps], name, options=self._table_options())
 
     def to_pandas(self, name: str):
         """:meth:`table` as a pandas DataFrame."""
         return self.table(name).to_pandas()
 
-    def _arrow_dir(self) -> Path:
-        if self._tables_dir is None:
-            import tempfile
+    def _table_options(self):
+        from kvconv.emit import EmitOptions
 
-            from kvconv.emit import EmitOptions
-
-            tmp = tempfile.TemporaryDirectory(prefix="kvconv-run-")
-            self.to_arrow(Path(tmp.name) / "tables", options=EmitOptions(progress=False))
-            self._tables_dir = tmp
-        return Path(self._tables_dir.name) / "tables"
+        return EmitOptions(join=self.options.join, salvage=self.options.salvage, progress=False)
 
 
 def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptions(),  # noqa: A001
@@ -448,10 +285,39 @@ def open(paths: PathLike | Iterable[PathLike], *, options: RunOptions = RunOptio
             processes' dumps, the engine plugins' probe dumps); False: the paths as given.
 
     Returns:
-        The :class:`Run`; ``run.paths`` lists the dumps it holds.
+        The :class:`Run` (nothing is read until asked); ``run.paths`` lists the dumps it holds.
+
+    Raises:
+        UsageError: no path given.
     """
     if whole_run:
-        from kvconv.check.runs import find
-
-        paths = find([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
+        return whole([paths] if isinstance(paths, (str, os.PathLike)) else list(paths), options)
     return Run(paths, options=options)
+
+
+def whole(paths: list[PathLike], options: RunOptions, held: dict | None = None) -> Run:
+    """The run of ``paths`` with every file of it found beside them (:func:`kvconv.check.runs.find`), each file
+    opened once: a file found is asked its metadata through the :class:`DumpRun` the run then holds; one found not
+    to be of the run is closed.
+
+    Args:
+        paths: the paths named (a dump, several, or a run's ``-o`` path).
+        options: how the dumps are read and checked.
+        held: dumps already open (path -> :class:`DumpRun`), which the run takes rather than opening them again.
+
+    Returns:
+        The :class:`Run`.
+    """
+    from kvconv.check.runs import find
+
+    held = dict(held or {})
+
+    def meta(p: str) -> dict:
+        if p not in held:
+            held[p] = DumpRun(p, options)
+        return held[p].metadata_or_none() or {}
+
+    run = Run(find([str(p) for p in paths], meta=meta), options=options, held=held)
+    for dr in held.values():  # found beside them, not of the run
+        dr.close()
+    return run

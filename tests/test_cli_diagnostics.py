@@ -248,4 +248,4 @@ def test_event_limit_warning_names_an_option_the_user_has(tmp_path):
 
     res = write_chrome([VALID], str(tmp_path / "x.json"), options=EmitOptions(reconcile_max_events=1, progress=False))
     warn = [w for w in res.warnings if "exceed" in w]
-    assert warn and "--join reconcile" in warn[0] and "reconcile_max_events" not in warn[0], res.warnings
+    assert warn and "--join ordered" in warn[0] and "reconcile_max_events" not in warn[0], res.warnings

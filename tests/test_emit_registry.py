@@ -24,8 +24,8 @@ from kvconv.format.atomic import atomic_output
 from kvconv.emit._contexts import emit_run
 
 
-def write_csv(paths, out, *, options, warn=None):
-    with emit_run(paths, out, options, warn, "csv", passes=1) as (res, warn, paths, ctxs, bar):
+def write_csv(dumps, out, *, options, warn=None, checks=None):
+    with emit_run(dumps, out, options, warn, "csv", checks=checks, passes=1) as (res, warn, paths, ctxs, bar):
         with atomic_output(out, inputs=paths, kind="csv", force=options.force) as tmp, open(tmp, "w") as f:
             f.write("context_id,smid,block_x,globaltimer\\n")
             for c in ctxs:

@@ -1,4 +1,5 @@
-"""The verdict a converter computes in its own pass (EmitOptions.verdict, kvconv.emit._checks) is kvconv validate's:
+"""The verdict a converter computes in its own pass (EmitOptions.verdict: kvconv.check.validate.Validation)
+is kvconv validate's:
 the same verdict, exit status, findings (in order) and incidents, on every fixture dump and on dumps damaged one
 thing at a time, whatever the chunk size the converter walks the events in."""
 
@@ -162,6 +163,6 @@ def test_lazy_contexts(how, fed, tmp_path, monkeypatch):
         seen.extend(c.lazy and (c.checks is not None) == fed for c in cs)
 
     monkeypatch.setattr(ctxs, "_attach_checks", attach)
-    res = _emit("perfetto", p, tmp_path, reconcile="never")
+    res = _emit("perfetto", p, tmp_path, join="exact")
     assert seen and all(seen)  # every context lazy, fed by a walk or not
     _same(res.verdicts[0], _validate(p))

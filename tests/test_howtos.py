@@ -63,8 +63,8 @@ from kvconv.format.atomic import atomic_output
 from kvconv.emit._contexts import emit_run
 
 
-def write_lines(paths, out, *, options, warn=None):
-    with emit_run(paths, out, options, warn, "lines", passes=1) as (res, warn, paths, ctxs, bar):
+def write_lines(dumps, out, *, options, warn=None, checks=None):
+    with emit_run(dumps, out, options, warn, "lines", checks=checks, passes=1) as (res, warn, paths, ctxs, bar):
         with atomic_output(out, inputs=paths, kind="lines", force=options.force) as tmp, open(tmp, "w") as f:
             for c in ctxs:
                 n = 0

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
 import pytest
 
@@ -16,6 +17,7 @@ import kvconv
 from conftest import FIXTURES, ROOT, run_cli
 from kvconv.check import passes
 from kvconv.format import layout
+from kvconv.format.errors import UsageError
 
 STALE = FIXTURES / "writes-stale-pad" / "writes-stale-pad.kvdump"
 QWEN = FIXTURES / "qwen3-14b" / "qwen3-14b.kvdump"
@@ -75,7 +77,7 @@ def test_tables_are_kvconv_arrows(demo):
         assert {"launch", "matches", "device_event", "metadata"} <= set(run.tables)
         assert run.table("device_event").num_rows == 114_112
         assert len(run.to_pandas("launch")) == 1_320
-        with pytest.raises(KeyError, match="no table 'nope'"):
+        with pytest.raises(UsageError, match="no table 'nope'"):  # the one exception family, not a KeyError
             run.table("nope")
 
 
@@ -83,7 +85,7 @@ def test_several_dumps_are_one_run_and_one_dump_questions_are_refused():
     with kvconv.open([QWEN, STALE]) as run:
         assert run.exit_code == 1 and run.verdict == "failed"
         assert [d.verdict for d in run.dumps] == ["ok", "failed"]
-        with pytest.raises(ValueError, match="run.dumps"):
+        with pytest.raises(UsageError, match="run.dumps"):
             run.reconciliation  # noqa: B018 - the property refuses
 
 
@@ -93,9 +95,12 @@ def test_registry_is_derived_from_the_kinds_hooks():
     assert {f"kvconv.check.passes:{p.name}" for p in reg[1:]} == hooks
     for p in reg[1:]:
         assert set(p.kinds) == {k.name for k in layout.KINDS.values() if k.validate == f"kvconv.check.passes:{p.name}"}
-    # validate runs the registry, not a list of its own
+    # validate runs the registry through its one driver (Validation), not a list of its own; no second driver
     src = (ROOT / "kvconv" / "check" / "validate.py").read_text()
-    assert "run_all" in src and "_OWN_HOOKS" not in src and "_check_" not in src
+    assert "passes.run_all" in src and "_OWN_HOOKS" not in src and "def _check_" not in src
+    assert not (ROOT / "kvconv" / "emit" / "_checks.py").exists()
+    assert not any("kvconv.check." in line and " import _" in line  # no private name of check/ outside it
+                   for py in (ROOT / "kvconv" / "emit").glob("*.py") for line in py.read_text().splitlines())
 
 
 def test_only_the_verdict_module_judges_and_maps_exit_codes():
@@ -158,10 +163,28 @@ def test_the_verdicts_words_are_written_only_in_the_table():
     assert not found, found
 
 
-def test_a_validation_made_elsewhere_is_adopted_not_recomputed():
-    from kvconv.check.validate import validate
+def test_a_converter_computes_the_dumps_own_validation_once():
+    """The Run's dump owns its checks: a converter that states the verdict feeds them (one pass), and the dump's
+    validation is that report, not a second one; asked first, validate's report is the one the converter's line
+    states (no climb back through an adopt)."""
+    from kvconv.emit import EmitOptions
 
-    rep = validate(STALE)
-    with kvconv.open(STALE) as run:
-        run.dumps[0].adopt(rep)
-        assert run.validation is rep and run.exit_code == 1
+    with tempfile.TemporaryDirectory() as tmp, kvconv.open(STALE) as run:
+        dr = run.dumps[0]
+        res = run.to_perfetto(os.path.join(tmp, "t.pftrace"), options=EmitOptions(verdict=True, progress=False))
+        assert res.verdicts[0] is dr.validation is dr.checking().finish()
+        assert run.exit_code == 1
+    with tempfile.TemporaryDirectory() as tmp, kvconv.open(STALE) as run:
+        rep = run.validation
+        res = run.to_chrome(os.path.join(tmp, "t.json"), options=EmitOptions(verdict=True, progress=False))
+        assert res.verdicts[0] is rep
+
+
+def test_validate_takes_an_open_dump_and_a_path_alike():
+    from kvconv.check.validate import validate
+    from kvconv.format import dump
+
+    with dump.scan(STALE, options=dump.ReadOptions(verify_checksums=False)) as d:
+        a = validate(d).to_dict()
+        assert d.groups  # left open: the caller's
+    assert a == validate(STALE).to_dict()

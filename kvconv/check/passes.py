@@ -51,6 +51,7 @@ class Checking:
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, PassResult] = field(default_factory=dict)
     pages: Any = None  # kvconv.check.validate_events._Pages: the device-event chunks' pages given back
+    launches: Any = None  # the launches pass's state set up already (:class:`Launches`, a converter's walks fed it)
 
     @property
     def path(self) -> str:
@@ -171,18 +172,20 @@ _END_CODES = ("unflushed-blocks", "lost-at-end")  # one cause: the producer died
 
 def launches(st: Checking) -> PassResult:
     """The device events and host launch records of each context (sequence, timer, grid, kernel slots) and, fed by
-    the same chunks, the reconciler; its result: the reconciliation (None with --no-reconcile)."""
-    lc = Launches(st)
+    the same chunks, the reconciler; its result: the reconciliation (None with --no-reconcile). The contexts a
+    converter's walks checked already (``st.launches``: kvconv.check.validate.Validation) are not read again."""
+    lc = st.launches if st.launches is not None else Launches(st)
     for ctx, _dev in st.d.contexts():
-        lc.check_context(ctx)
+        if ctx not in lc.found:  # (a context a converter's walk fed is checked already)
+            lc.check_context(ctx)
     return lc.result()
 
 
 class Launches:
     """The launches pass in its parts, for validate's own walk (:func:`launches`) and for a converter's walks that
-    feed the same checks chunk by chunk (:mod:`kvconv.emit._checks`): set up once, each context checked (its device
-    events, then its host records), then :meth:`result`. Each context's findings stay apart until the result, in
-    the contexts' order, whatever order the contexts were checked in."""
+    feed the same checks chunk by chunk (:class:`kvconv.check.validate.Validation`): set up once, each context
+    checked (its device events, then its host records), then :meth:`result`. Each context's findings stay apart until
+    the result, in the contexts' order, whatever order the contexts were checked in."""
 
     def __init__(self, st: Checking) -> None:
         d = self.d = st.d

@@ -68,7 +68,7 @@ def globs(output: str) -> tuple[list[str], list[str]]:
     return tracer, probes
 
 
-def find(paths: list[str]) -> list[str]:
+def find(paths: list[str], *, meta=None) -> list[str]:
     """Every file of the runs named by ``paths`` (a run's ``-o`` path, literal or with %p, or its dumps): each path
     that is a file, and the files named after it (:func:`globs`) whose processes are linked to it (:func:`groups`:
     pid, ppid, the output's owner; a probe dump's pid from its name where its metadata has none). A pattern that is
@@ -76,6 +76,14 @@ def find(paths: list[str]) -> list[str]:
 
         >>> find(["fixtures/h200-engine-procs/range-profiler.kvdump.zst"])   # doctest: +SKIP
         ['.../range-profiler.kvdump.zst', '.../range-profiler.pid959.kvdump.zst']
+
+    Args:
+        paths: the paths named.
+        meta: ``meta(path)``: a file's metadata (``{}``: none), where the caller holds the file open
+            (:func:`kvconv.run.open`: the run's own open dumps); None: each file opened here for it.
+
+    Returns:
+        The paths named, then the files found beside them.
     """
     paths = [str(p) for p in paths]
     out: list[str] = []
@@ -88,7 +96,7 @@ def find(paths: list[str]) -> list[str]:
                       and os.path.isfile(f) and (f == p or not _is_probe(f) or g in probes)]
         others = [f for f in named if f != p]
         if os.path.isfile(p) and others:
-            others = _linked_to(p, others)
+            others = _linked_to(p, others, meta)
         if os.path.isfile(p) or not others:  # a dump, "-" (stdin), a path that is not there: itself, as named
             out.append(p)
         found += [f for f in others if f not in found]
@@ -117,9 +125,9 @@ def _is_probe(path: str) -> bool:
     return _PROBE.search(name) is not None
 
 
-def _linked_to(path: str, named: list[str]) -> list[str]:
-    """The files of ``named`` in the same run as the dump at ``path``."""
-    procs = [process(f) for f in [path, *named]]
+def _linked_to(path: str, named: list[str], meta=None) -> list[str]:
+    """The files of ``named`` in the same run as the dump at ``path`` (``meta``: :func:`find`'s)."""
+    procs = [process(f, meta(f) if meta is not None else None) for f in [path, *named]]
     for g in groups(procs):
         if 0 in g:
             return [named[i - 1] for i in sorted(g) if i]
@@ -218,7 +226,7 @@ def judge(paths: list[str], verdicts: list[str], asks: list | None = None, *, on
 
 def split(paths: list[str], *, one: bool = False, metas: list | None = None) -> list[set[int]]:
     """The runs among some dumps (:func:`groups` of their processes), as sets of indices; ``one``: all one run;
-    ``metas``: their metadata where already read (None: read here)."""
+    ``metas``: their metadata where already read (None: read here; ``{}``: known to have none)."""
     if len(paths) < 2 or one:
         return [set(range(len(paths)))]
     metas = metas if metas is not None else [None] * len(paths)
@@ -233,13 +241,14 @@ def set_exit(exits: list[int | None]) -> int:
     return _of([[e for e in exits if e is not None]])
 
 
-def of_run(paths: list[str], exits: list[int]) -> int:
+def of_run(paths: list[str], exits: list[int], *, metas: list | None = None) -> int:
     """The exit status of several dumps: each run among them (:func:`groups`) judged as one
-    (:func:`kvconv.check.verdict.of_run`), the worst run's."""
+    (:func:`kvconv.check.verdict.of_run`), the worst run's; ``metas``: their metadata where already read from the
+    open dump (:func:`split`)."""
     nothing = 4  # nothing-checked: the only verdict whose weight depends on which run a dump is of
     if len(exits) < 2 or nothing not in exits or all(e == nothing for e in exits):
         return _of([list(exits)])
-    return _of([[exits[i] for i in g] for g in split(paths)])
+    return _of([[exits[i] for i in g] for g in split(paths, metas=metas)])
 
 
 def _of(runs: list[list[int]]) -> int:

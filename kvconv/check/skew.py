@@ -28,23 +28,27 @@ from kvconv.clock import Clock
 from kvconv.format import dump as dumpmod
 
 
-def _member_clocks(path) -> tuple[str | None, dict[int, Clock]]:
-    with dumpmod.open(path) as d:
-        meta = d.metadata() or {}
-        clocks = {}
-        for ctx, _dev in d.contexts():
-            cs = np.array(d.records("clock_sync", context_id=ctx))
-            clocks[int(ctx)] = Clock(np.sort(cs, order="gpu_ns") if len(cs) else cs)
-    return meta.get("hostname"), clocks
+def clocks(dump) -> tuple[str, str | None, dict[int, Clock]]:
+    """``(path, hostname, clock per context)`` of a dump: what :func:`cross_dump` needs of it, small enough to keep
+    once the dump is closed. ``dump``: an open dump (read as it is) or a path (opened for them)."""
+    if not isinstance(dump, dumpmod.Dump):
+        with dumpmod.open(dump) as d:
+            return clocks(d)
+    meta = dump.metadata() or {}
+    out = {}
+    for ctx, _dev in dump.contexts():
+        cs = np.array(dump.records("clock_sync", context_id=ctx))
+        out[int(ctx)] = Clock(np.sort(cs, order="gpu_ns") if len(cs) else cs)
+    return dump.path, meta.get("hostname"), out
 
 
-def _members(paths, reports) -> list[dict]:
+def _members(dumps, reports) -> list[dict]:
     """One member per (dump, context, graph exec), in order: k = the exec's position in its context."""
     out = []
-    for path, rep in zip(paths, reports):
-        host, clocks = _member_clocks(path)
+    for dump, rep in zip(dumps, reports):
+        path, host, clocks_ = dump if isinstance(dump, tuple) else clocks(dump)
         for c in rep.get("contexts", []):
-            clock = clocks.get(int(c["context_id"]))
+            clock = clocks_.get(int(c["context_id"]))
             for k, g in enumerate(c.get("graph_execs", [])):
                 per = (g.get("timing") or {}).get("per_replay") or []
                 first = np.array([r["first_ns"] for r in per], dtype=np.uint64)
@@ -88,13 +92,14 @@ def _one_exec(group: list[dict]) -> dict:
     return entry
 
 
-def cross_dump(paths, reports) -> dict | None:
+def cross_dump(dumps, reports) -> dict | None:
     """Pair the graph execs of several dumps and give each replay's start skew against the first dump.
 
-    ``reports`` are reconcile's ``to_dict()`` of each path, in the same order. None for fewer than two dumps."""
-    if len(paths) < 2:
+    ``dumps``: each an open dump, what :func:`clocks` gave of it, or a path (opened for its clocks). ``reports`` are
+    reconcile's ``to_dict()`` of each, in the same order. None for fewer than two dumps."""
+    if len(dumps) < 2:
         return None
-    members = _members(paths, reports)
+    members = _members(dumps, reports)
     by_k: dict[int, list[dict]] = {}
     for m in members:
         by_k.setdefault(m["k"], []).append(m)

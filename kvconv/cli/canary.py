@@ -56,6 +56,7 @@ def canary_cmd(
             # is not an ok (paged-stale-k said ok, exit 0, validate FAILED)
             part = dr.part("writes") if writes else dr.part("canary", "values")
     except KvconvError as e:
+        run.close()  # closed on every path (finish exits)
         if as_json:
             finish("canary", [Outcome(str(dump_path), e.exit_code, error=e)], as_json=True)
         raise
@@ -68,6 +69,7 @@ def canary_cmd(
         result, text = res.write_json, _text(res, part, all_steps=all_steps, quiet=quiet)
     if part.verdict == "ok":  # this part is clean: say so when the dump's one verdict is not (a wrong value, say)
         verdict_warnings(run, done="this part is clean")
+    run.close()
     finish("canary", [Outcome(str(dump_path), part.exit_code, result, text=text)], as_json=as_json)
 
 

@@ -118,6 +118,7 @@ class Outcome:
     result: dict | Callable = field(default_factory=dict)  # or a function streaming it as JSON to a text stream
     error: KvconvError | None = None
     text: str = ""  # what the text output says about it (stdout); an error goes to stderr as one line
+    dump: object = None  # the kvconv.run.DumpRun it came from: its process, read from the open dump (worst())
 
 
 def quiet_text(text: str, *, keep_last: bool) -> str:
@@ -145,7 +146,9 @@ def worst(outcomes: Iterable[Outcome]) -> int:
     from kvconv.check.runs import of_run
 
     outcomes = list(outcomes)
-    return of_run([o.path for o in outcomes], [o.exit for o in outcomes])
+    # the metadata of a dump the command opened, from that open dump (kept once closed: DumpRun.metadata_or_none)
+    metas = [None if o.dump is None else (o.dump.metadata_or_none() or {}) for o in outcomes]
+    return of_run([o.path for o in outcomes], [o.exit for o in outcomes], metas=metas)
 
 
 def envelope(command: str, outcomes: list[Outcome], *, code: int | None = None, **extra) -> dict:

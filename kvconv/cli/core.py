@@ -98,21 +98,25 @@ def _info_one(path: Path, options, popts) -> Outcome:
     run = kvconv.open(path, options=options, whole_run=False)
     with warnings.catch_warnings(), run:
         warnings.simplefilter("ignore")  # a salvaged loss is in the table (lost to truncation)
+        dr = run.dumps[0]
         d = run.reader
         with Progress(f"info {path.name}", total=d.size, size_bytes=d.size, options=popts) as bar:
-            info = describe(d, progress=bar.update)
+            # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON; its
+            # checks sum every payload checksum, which the description reports (the file read once).
+            dr.progress = bar.update
+            rep, failure = judged(dr)
+            bad = None if rep is None else {f.group for f in rep.findings if f.code == "payload-checksum"}
+            info = describe(d, progress=bar.update, mismatched=bad)
         info["kernels"] = [{"slot": slot, "name": name, "context_id": ctx} for ctx, _dev in d.contexts()
                            for slot, name in sorted(d.kernel_names(context_id=ctx).items())]
-        # The one verdict (kvconv validate's: every check the dump allows), stated in the text and the JSON. info's
-        # exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
-        rep, failure = judged(run.dumps[0])
+    # info's exit status is its own part's (docs/CLI.md): 0 readable and intact, 1 a checksum does not match.
     code = 1 if any(f["severity"] == "error" for f in info["findings"]) else 0
     if rep is None:  # the checks failed on a bug: the description stands, the verdict is not claimed
         info["verdict"] = {"verdict": None, "internal_error": failure}
         text = _info_text(str(path), info) + f"\n{path}: verdict not computed ({internal_error(failure)})"
-        return Outcome(str(path), code, info, text=text)
+        return Outcome(str(path), code, info, text=text, dump=dr)
     info["verdict"] = {k: v for k, v in rep.to_dict().items() if k in _VERDICT_KEYS}
-    return Outcome(str(path), code, info, text=_info_text(str(path), info, rep))
+    return Outcome(str(path), code, info, text=_info_text(str(path), info, rep), dump=dr)
 
 
 _VERDICT_KEYS = ("verdict", "exit_code", "errors", "warnings", "incidents")
@@ -131,10 +135,12 @@ def _validate_one(dr, popts=None, *, all_findings: bool = False) -> Outcome:
                   options=popts or ProgressOptions(enabled=False)) as bar:
         dr.progress = bar.update
         r = dr.validation
+    dr.close()  # what the run's links and verdict ask after (its process, metadata) is kept (kvconv.dumprun)
     error = dr.unreadable_error()
     if error is not None:  # unreadable input: the one-line error goes to stderr, like every other command's errors
-        return Outcome(r.path, r.exit_code, r.to_dict(), error=error)
-    return Outcome(r.path, r.exit_code, r.to_dict(), text="\n".join(_verdict_lines(r, all_findings=all_findings)))
+        return Outcome(r.path, r.exit_code, r.to_dict(), error=error, dump=dr)
+    return Outcome(r.path, r.exit_code, r.to_dict(), text="\n".join(_verdict_lines(r, all_findings=all_findings)),
+                   dump=dr)
 
 
 def _verdict_lines(r, *, all_findings: bool = False) -> list[str]:
@@ -208,10 +214,12 @@ def validate(
 
     opts = RunOptions(reconcile=not no_reconcile, relaxed=relaxed, salvage=salvage)
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet)
-    run = kvconv.open(dumps, options=opts)  # every dump of the run(s) named: other processes', probe dumps
-    outcomes = each(run.dumps, lambda dr: _validate_one(dr, popts, all_findings=all_findings))
-    finish("validate", outcomes, as_json=as_json, trailer="\n".join(demangle_text(x) for x in run_lines(run)),
-           code=run.exit_code, **run_json(run))
+    # every dump of the run(s) named: other processes', probe dumps; closed on every path (finish exits)
+    with kvconv.open(dumps, options=opts) as run:
+        outcomes = each(run.dumps, lambda dr: _validate_one(dr, popts, all_findings=all_findings))
+        trailer = "\n".join(demangle_text(x) for x in run_lines(run))
+        code, extra = run.exit_code, run_json(run)
+    finish("validate", outcomes, as_json=as_json, trailer=trailer, code=code, **extra)
 
 
 @app.command()

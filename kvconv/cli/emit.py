@@ -20,22 +20,21 @@ import typer
 from kvconv.cli.common import FORCE, JSON, PROGRESS, QUIET, SALVAGE, output_option, renamed
 from kvconv.emit.registry import FORMATS, Format
 
-# --join, as kvconv reconcile's: auto | exact (by gridid) | reconcile (kvconv reconcile's join, ordered when it must);
-# the former --reconcile auto|always|never still works (hidden): always = reconcile, never = exact.
-_JOINS = {"auto": "auto", "exact": "never", "reconcile": "always", "always": "always", "never": "never"}
+# --join, kvconv reconcile's words (kvconv.join.JOINS): auto | exact | ordered. The former words, which docs/CLI.md
+# promises, still work, unlisted: --join reconcile and the former --reconcile always (kvconv reconcile's auto join at
+# any size) = auto without the size bound; --reconcile never = exact.
+_FORMER = {"reconcile": "auto", "always": "auto", "never": "exact"}
 
 
-def _options(window=None, replays=None, flows=0, reconcile="auto", chunk=1 << 18, progress=None, **kw):
+def _options(window=None, replays=None, flows=0, join="auto", chunk=1 << 18, progress=None, **kw):
     from kvconv.emit import EmitOptions
     from kvconv.emit.options import parse_range
-    from kvconv.format.errors import UsageError
 
-    if reconcile not in _JOINS:
-        raise UsageError(f"--join must be auto, exact or reconcile, not {reconcile!r}", code="bad-join")
-    reconcile = _JOINS[reconcile]
-
+    if join in ("reconcile", "always"):
+        kw["reconcile_max_events"] = 1 << 62  # kvconv reconcile's join whatever the size, as these words asked
+    join = _FORMER.get(join, join)
     return EmitOptions(window_ms=parse_range(window, what="--window"),
-                       replays=parse_range(replays, what="--replays", cast=int), flows=flows, reconcile=reconcile,
+                       replays=parse_range(replays, what="--replays", cast=int), flows=flows, join=join,
                        chunk=chunk, progress=progress, **kw)
 
 
@@ -77,10 +76,10 @@ _WINDOW = typer.Option(None, "--window", metavar="START_MS:END_MS",
                        help="keep device events from START to END ms after each context's first device event")
 _REPLAYS = typer.Option(None, "--replays", metavar="FIRST:LAST", help="keep only graph replays FIRST..LAST")
 _FLOWS = typer.Option(16, "--flows", help="flows from each host launch to at most this many device blocks (0: none)")
-_RECONCILE = typer.Option("auto", "--join", metavar="auto|exact|reconcile",
-                          help="device event -> host launch, as in kvconv reconcile: exact: by gridid only; "
-                               "reconcile: kvconv reconcile's join (ordered when events carry no gridid); auto: exact "
-                               "when it matches every event, else reconcile's (up to 4,000,000 events)")
+_JOIN = typer.Option("auto", "--join", metavar="auto|exact|ordered",
+                     help="device event -> host launch, as in kvconv reconcile: exact: by gridid + tag; ordered: by "
+                          "sequence order (kvconv reconcile's ordered join); auto: exact when it matches every event, "
+                          "else kvconv reconcile's join (up to 4,000,000 events)")
 _CHUNK = typer.Option(1 << 18, "--chunk", hidden=True, help="device events per streaming chunk")
 
 _DUMPS = typer.Argument(..., help="dump file(s); each context gets its own track group", metavar="DUMP...",
@@ -104,7 +103,7 @@ def _parameters(fmt: Format) -> list[inspect.Parameter]:
         opts += [("fmt", str, _FMT), ("compression", str, _COMPRESSION), ("append", bool, _APPEND)]
     if fmt.name == "chrome":
         opts += [("merge", Path | None, _MERGE)]
-    opts += [("reconcile", str, _RECONCILE), ("chunk", int, _CHUNK), ("progress", bool | None, PROGRESS),
+    opts += [("join", str, _JOIN), ("chunk", int, _CHUNK), ("progress", bool | None, PROGRESS),
              ("salvage", bool, SALVAGE), ("force", bool, FORCE), ("quiet", bool, QUIET), ("as_json", bool, JSON)]
     return [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a) for n, a, d in opts]
 
@@ -112,7 +111,7 @@ def _parameters(fmt: Format) -> list[inspect.Parameter]:
 def command(fmt: Format):
     """The ``kvconv <fmt.name>`` command of a registered output format (its help ends in the format's example)."""
 
-    def run(*, dumps, out, reconcile, chunk, progress, salvage, force, quiet, as_json, fmt_=fmt, **kind) -> None:
+    def run(*, dumps, out, join, chunk, progress, salvage, force, quiet, as_json, fmt_=fmt, **kind) -> None:
         import kvconv
         from kvconv.cli import interrupt
         from kvconv.cli.common import Outcome, finish, print_json, verdict_warnings
@@ -123,16 +122,16 @@ def command(fmt: Format):
             raise UsageError("--json prints its document on stdout: give -o PATH for the output", code="bad-output")
         if not kind.get("append"):  # a signal once it is in place keeps it, and says so
             interrupt.output(out)
-        the_run = kvconv.open(dumps, whole_run=False, options=RunOptions(salvage=salvage))
-        try:
-            res = _write(the_run, out, reconcile, chunk, progress, force, quiet or as_json, fmt_, kind)
-        except KvconvError as e:
-            if not as_json:
-                raise
-            finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
-        _report(res, quiet, as_json=as_json)
-        # the one verdict of each dump, stated beside the output written; from the pass that converted it (Run.write)
-        verdicts = verdict_warnings(the_run)
+        with kvconv.open(dumps, whole_run=False, options=RunOptions(salvage=salvage)) as the_run:
+            try:
+                res = _write(the_run, out, join, chunk, progress, force, quiet or as_json, fmt_, kind)
+            except KvconvError as e:
+                if not as_json:
+                    raise
+                finish(fmt_.name, [Outcome(str(e.path or dumps[0]), e.exit_code, error=e)], as_json=True)
+            _report(res, quiet, as_json=as_json)
+            # the one verdict of each dump, stated beside the output written; from the pass that converted it
+            verdicts = verdict_warnings(the_run)
         if as_json:
             from kvconv.cli.common import envelope
 
@@ -140,25 +139,30 @@ def command(fmt: Format):
                         for v in verdicts]
             print_json(envelope(fmt_.name, outcomes, output=_output(res)))
 
-    def _write(run, out, reconcile, chunk, progress, force, quiet, fmt_, kind):
+    def _write(run, out, join, chunk, progress, force, quiet, fmt_, kind):
+        """The output, from the run's open dumps (``Run.write``: each dump read once, its verdict from this pass)."""
         extra = {}
         merge = kind.pop("merge", None)
         if fmt_.tables:
             compression = kind.pop("compression")
             extra = {"arrow_format": kind.pop("fmt"), "compression": None if compression == "none" else compression}
             append = kind.pop("append")
-        opts = _options(reconcile=reconcile, chunk=chunk, progress=False if quiet else progress,
+        opts = _options(join=join, chunk=chunk, progress=False if quiet else progress,
                         salvage=run.options.salvage, force=force, verdict=True, **kind, **extra)
+
+        def write(_paths, where, *, options):  # the run's own dumps, whatever the paths it is handed
+            return run.write(fmt_.name, where, options=options)
+
         if merge is not None:
             from kvconv.emit.torchmerge import report_merge, write_merged
 
-            res, al = write_merged(fmt_.write, run.paths, out, merge, options=opts)
+            res, al = write_merged(write, run.paths, out, merge, options=opts)
             report_merge(al, merge, quiet=quiet)
             return res
         if fmt_.tables and append:
             from kvconv.dataset import write_appending
 
-            return write_appending(fmt_.write, run.paths, out, options=opts)
+            return write_appending(write, run.paths, out, options=opts)
         return run.write(fmt_.name, out, options=opts)
 
     params = _parameters(fmt)
@@ -166,7 +170,7 @@ def command(fmt: Format):
     run.__annotations__ = {p.name: p.annotation for p in params}
     run.__name__ = run.__qualname__ = fmt.name
     run.__doc__ = f"{fmt.summary}\n\nExample: {fmt.example}"
-    return renamed(out="--out", reconcile="--reconcile")(run)
+    return renamed(out="--out", join="--reconcile")(run)
 
 
 app = typer.Typer()

@@ -58,11 +58,11 @@ def reconcile_cmd(
     from kvconv.run import RunOptions
 
     opts = RunOptions(join=join, relaxed=relaxed, strict_coverage=strict_coverage, salvage=salvage)
-    run = kvconv.open(dump_paths, options=opts, whole_run=False)
-    run.options.reconcile_options()  # a bad --join is refused before any work
     popts = ProgressOptions.from_cli(progress=progress, quiet=quiet or as_json)
-    done: list[tuple] = []  # (path, result, its JSON, nothing checked, incomplete: "cut" | "unfinished" | None)
-    outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
+    done: list[tuple] = []  # (its clocks: DumpRun.clocks, result, its JSON, nothing checked, incomplete: "cut" |
+    #                          "unfinished" | None)
+    with kvconv.open(dump_paths, options=opts, whole_run=False) as run:  # each dump closed on every path
+        outcomes = each(run.dumps, lambda dr: _one(dr, popts, done))
     for o in outcomes if quiet else ():  # -q: the warnings and errors, then the status line
         o.text = o.text and quiet_text(o.text, keep_last=False)
     cross = skew.cross_dump([x[0] for x in done], [x[2] for x in done])
@@ -89,15 +89,16 @@ def _one(dr, popts, done: list):
         cov = _canary_steps_said(dr.reader, cov)
     # what the dump lacks makes it incomplete, as validate says: cut short (--salvage), or left live by its producer
     why = "cut" if holds.salvaged(dr.reader) else "unfinished" if any(g.live for g in dr.reader.groups) else None
+    clocks = dr.clocks  # what the cross-dump skew needs of it, kept once the dump is closed
     dr.close()
     rep, lines = r.to_dict(), r.lines() + [f.line() for f in r.findings]
     if cov is not None:
         rep["findings"].append(cov.to_dict())
         rep["summary"]["warning"] += 1
         lines.append(cov.line())
-    done.append((dr.path, r, rep, cov is not None, why))
+    done.append((clocks, r, rep, cov is not None, why))
     code = verdict.EXIT_CODES[verdict.of_reconciliation(r, cov, cut=why is not None)]
-    return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines))
+    return Outcome(r.path, code, rep, text="\n".join(demangle_text(x) for x in lines), dump=dr)
 
 
 def _canary_steps_said(d, cov):

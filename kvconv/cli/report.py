@@ -177,16 +177,13 @@ def _run_side(dr, v: dict) -> dict:
     """A side of the diff judged as its run, the verdict compared: ``v`` (validate's dict of the dump compared) with
     the run's one verdict and every dump's incidents where other dumps of its run lie beside it (other processes',
     the engine plugins' probe dumps: :func:`kvconv.check.runs.find`)."""
-    from kvconv.check.runs import find
-    from kvconv.run import Run
+    from kvconv.run import whole as whole_run
 
-    paths = find([dr.path])
-    if len(paths) < 2:
-        return v
-    whole = Run(paths, options=dr.options)
-    whole.dumps[0].adopt(dr.validation)  # the dump compared, validated once
-    incidents = [dict(i, message=i["message"].replace(d.path, "")) for d in whole.dumps for i in d.incidents]
-    return dict(v, verdict=whole.verdict, incidents=incidents)
+    with whole_run([dr.path], dr.options, held={dr.path: dr}) as whole:  # the dump compared, validated once
+        if len(whole.dumps) < 2:
+            return v
+        incidents = [dict(i, message=i["message"].replace(d.path, "")) for d in whole.dumps for i in d.incidents]
+        return dict(v, verdict=whole.verdict, incidents=incidents)
 
 
 def _summary(v: dict, p) -> dict:

@@ -15,22 +15,25 @@ from __future__ import annotations
 from kvconv.emit.options import EmitOptions, EmitResult
 
 
-def write_perfetto(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
+def write_perfetto(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, checks=None) -> EmitResult:
+    """:func:`kvconv.emit.perfetto.write_perfetto` (imported when called)."""
     from kvconv.emit.perfetto import write_perfetto as f
 
-    return f(dumps, out, options=options, warn=warn)
+    return f(dumps, out, options=options, warn=warn, checks=checks)
 
 
-def write_chrome(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
+def write_chrome(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, checks=None) -> EmitResult:
+    """:func:`kvconv.emit.chrome.write_chrome` (imported when called)."""
     from kvconv.emit.chrome import write_chrome as f
 
-    return f(dumps, out, options=options, warn=warn)
+    return f(dumps, out, options=options, warn=warn, checks=checks)
 
 
-def write_arrow(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
+def write_arrow(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, checks=None) -> EmitResult:
+    """:func:`kvconv.emit.arrow.write_arrow` (imported when called)."""
     from kvconv.emit.arrow import write_arrow as f
 
-    return f(dumps, out, options=options, warn=warn)
+    return f(dumps, out, options=options, warn=warn, checks=checks)
 
 
 __all__ = ["EmitOptions", "EmitResult", "write_perfetto", "write_chrome", "write_arrow"]

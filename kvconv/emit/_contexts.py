@@ -46,27 +46,32 @@ def run_name(path: str) -> str:
 
 
 @contextlib.contextmanager
-def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
+def emit_run(dumps, out, options: EmitOptions, warn, name: str, passes: int, *, checks: list | None = None):
     """What every emitter does around its own writing: refuse to overwrite an input, open the dumps' contexts, show
     a progress bar over ``passes`` walks of the device events, and close it all, whatever happens.
+
+    ``dumps``: paths (opened here, closed at the end) or dumps open already (a :class:`kvconv.run.Run`'s: taken as
+    they are, left open). ``checks``: each dump's :class:`kvconv.check.validate.Validation` (a Run's own), fed by
+    the contexts' walks and finished here (``res.verdicts``); with ``options.verdict`` and no ``checks``, a
+    Validation of each dump is made here.
 
     Yields ``(res, warn, paths, ctxs, bar)``; the caller writes, then sets ``res.bytes_written``."""
     from kvconv.format.atomic import check_output
 
     res = EmitResult(output=str(out))
     warn = warn or res.warnings.append
-    paths = [str(p) for p in paths]
+    paths = [_path_of(d) for d in dumps]
     check_output(out, inputs=paths, directory=name == "arrow", kind=name, force=options.force)  # before any work
     stream_heap()  # chunk temporaries stay in the heap, whole-table columns are given back (kvconv.memory)
-    checks: list = []
+    checks = list(checks) if checks is not None else ([] if options.verdict else None)
     # the trace emitters' first pass sums the device events' checksums (on another core, beside the pass's own work);
     # the Arrow tables', and the verdict's walk, want them from the join's probe, the first walk
-    dumps, ctxs = open_contexts(paths, options, warn, res.timings, checks=checks,
-                                probe_verifies=name == "arrow" or options.verdict)
+    opened, ctxs = open_contexts(dumps, options, warn, res.timings, checks=checks,
+                                 probe_verifies=name == "arrow" or checks is not None)
     try:
         total = sum(c.n_events for c in ctxs)
         bar = Progress(f"{name} {', '.join(Path(p).name for p in paths)}", total=passes * total,
-                       size_bytes=sum(d.size for d in dumps),
+                       size_bytes=sum(d.size for d in opened.dumps),
                        options=ProgressOptions.from_cli(progress=options.progress))
         try:
             yield res, warn, paths, ctxs, bar
@@ -79,28 +84,62 @@ def emit_run(paths, out, options: EmitOptions, warn, name: str, passes: int):
             for c in ctxs:
                 c.host = c.xjoin = c.hid = c._runs = None
             release_heap()
-        res.verdicts = _verdicts(checks)  # what the walks left: host records, canaries, the reconciler's report
-        if checks:
+            res.verdicts = _verdicts(checks)  # what the walks left: host records, canaries, the reconciler's report
             res.timings["verdict"] = time.perf_counter() - t
     finally:
-        for d in dumps:
+        opened.close()
+
+
+def _path_of(d) -> str:
+    return d.path if isinstance(d, dumpmod.Dump) else str(d)
+
+
+class Opened:
+    """The dumps an emitter reads, in input order: those it opened itself (closed by :meth:`close`) and those it was
+    given open (left open: their owner closes them)."""
+
+    def __init__(self, dumps, options: EmitOptions) -> None:
+        self.dumps, self.own = [], []
+        try:
+            for d in dumps:
+                if not isinstance(d, dumpmod.Dump):
+                    d = dumpmod.open(d, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage))
+                    self.own.append(d)
+                self.dumps.append(d)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for d in self.own:
             d.close()
+        self.own = []
+
+    def __iter__(self):
+        return iter(self.dumps)
+
+    def __getitem__(self, i: int):
+        return self.dumps[i]
+
+    def __len__(self) -> int:
+        return len(self.dumps)
 
 
-def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None = None, *,
-                  checks: list | None = None, probe_verifies: bool = True) -> tuple[list, list[Ctx]]:
-    """Open the dumps (checksums are verified while streaming) and describe each context. With
-    ``options.verdict``, ``checks`` gets each dump's :class:`kvconv.emit._checks.Checks`, which the contexts' walks
-    feed from the join's probe on. ``probe_verifies`` False: the join's probe leaves the device events' checksums to
-    the next walk (the trace emitters' first pass, whose work hides the sum; the probe's would wait for it: 19 ms of
-    crc32 beside 10 ms of probe on 64 MiB of events)."""
-    if not paths:
+def open_contexts(dumps, options: EmitOptions, warn, timings: dict | None = None, *,
+                  checks: list | None = None, probe_verifies: bool = True) -> tuple[Opened, list[Ctx]]:
+    """Open the dumps (paths; a dump open already is taken as it is: :class:`Opened`; checksums are verified while
+    streaming) and describe each context. ``checks`` (a list): each dump's
+    :class:`kvconv.check.validate.Validation`, which the contexts' walks feed from the join's probe on (an empty
+    list: one made here for each dump). ``probe_verifies`` False: the join's probe leaves the device events'
+    checksums to the next walk (the trace emitters' first pass, whose work hides the sum; the probe's would wait for
+    it: 19 ms of crc32 beside 10 ms of probe on 64 MiB of events)."""
+    if not dumps:
         raise UsageError("give at least one dump", code="no-input")
-    dumps = dumpmod.open_many(paths, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage))
+    opened = Opened(dumps, options)
     ctxs: list[Ctx] = []
     runs: dict[str, int] = {}
     try:
-        for di, d in enumerate(dumps):
+        for di, d in enumerate(opened.dumps):
             _kept_something(d)
             if options.verify_checksums:
                 _verify_host_groups(d, options, warn)
@@ -109,17 +148,16 @@ def open_contexts(paths: list, options: EmitOptions, warn, timings: dict | None 
             runs[run] = di
             _describe(d, run, ctxs, options, warn)
             _load_tables(d, [c for c in ctxs if c.dump is d], options)
-        if options.verdict and checks is not None:
-            _attach_checks(dumps, ctxs, options, checks)
+        if checks is not None:
+            _attach_checks(opened.dumps, ctxs, options, checks)
         t = time.perf_counter()
         _join(ctxs, options, warn, verify=options.verify_checksums and probe_verifies)
         if timings is not None:
             timings["join"] = time.perf_counter() - t
     except BaseException:
-        for d in dumps:
-            d.close()
+        opened.close()
         raise
-    return dumps, ctxs
+    return opened, ctxs
 
 
 def _kept_something(d) -> None:
@@ -172,8 +210,8 @@ def _describe(d, run: str, ctxs: list[Ctx], options: EmitOptions, warn) -> None:
 
 
 def _verdicts(checks: list) -> list:
-    """Each dump's report (:meth:`kvconv.emit._checks.Checks.finish`); a failure of the checks that is not about
-    the dump (a bug: the output is written by now) stands in its place, for the caller to say (KVCONV_DEBUG=1
+    """Each dump's report (:meth:`kvconv.check.validate.Validation.finish`); a failure of the checks that is not
+    about the dump (a bug: the output is written by now) stands in its place, for the caller to say (KVCONV_DEBUG=1
     raises it)."""
     import os
 
@@ -199,15 +237,17 @@ def _verdicts(checks: list) -> list:
 # within it), while feeding them saves no time on a large dump (docs/BENCH.md). So every lazy context is checked
 # after; a dump small enough to be read whole is checked in the pass.
 LAZY_CHECKED_HOSTS = 0
-def _attach_checks(dumps: list, ctxs: list[Ctx], options: EmitOptions, checks: list) -> None:
-    """Each dump's validate checks (:mod:`kvconv.emit._checks`), fed by its contexts' walks; a lazy context with
-    more than :data:`LAZY_CHECKED_HOSTS` host records is checked after the conversion (memory: the larger of the
-    two passes' state, not their sum)."""
-    from kvconv.emit._checks import Checks
 
-    for d in dumps:
-        ch = Checks(d, salvage=options.salvage)
-        checks.append(ch)
+
+def _attach_checks(dumps: list, ctxs: list[Ctx], options: EmitOptions, checks: list) -> None:
+    """Each dump's checks (:class:`kvconv.check.validate.Validation`: ``checks[i]`` of dump i, made here when the
+    list is empty), fed by its contexts' walks; a lazy context with more than :data:`LAZY_CHECKED_HOSTS` host
+    records is checked after the conversion (memory: the larger of the two passes' state, not their sum)."""
+    from kvconv.check.validate import ValidateOptions, Validation
+
+    if not checks:
+        checks.extend(Validation(d, ValidateOptions(salvage=options.salvage)) for d in dumps)
+    for d, ch in zip(dumps, checks):
         for c in ctxs:
             if c.dump is d and (not c.lazy or c.n_host <= LAZY_CHECKED_HOSTS):
                 c.checks = ch
@@ -217,7 +257,7 @@ def _load_tables(d, cs: list[Ctx], options: EmitOptions) -> None:
     """The launch table of each context of the dump ``d``, now, unless the dump is large and joined by the
     streaming exact join alone: its contexts are lazy then (the first pass and :meth:`Ctx.held` load one at a time)."""
     total = sum(c.n_events for c in cs)
-    streaming = options.reconcile == "never" or (options.reconcile == "auto" and total > options.reconcile_max_events)
+    streaming = options.join == "exact" or (options.join == "auto" and total > options.reconcile_max_events)
     for c in cs:
         c.lazy = d.size > RELEASE_BYTES and streaming
         if not c.lazy:
@@ -227,12 +267,13 @@ def _load_tables(d, cs: list[Ctx], options: EmitOptions) -> None:
 
 
 def _join(ctxs: list[Ctx], options: EmitOptions, warn, *, verify: bool = True) -> None:
-    """Device event -> host record, per dump.
+    """Device event -> host record, per dump (``options.join``, the vocabulary of ``kvconv reconcile --join``).
 
-    "auto": the vectorised exact join (:class:`ExactJoin`, the same matches as kvconv.check.reconcile's exact join) when
-    every device event that carries a gridid finds its host record; otherwise (no gridids: the ordered join; or
-    unmatched events, which reconcile explains and attributes) kvconv.check.reconcile's matches, up to
-    ``reconcile_max_events``. "always": kvconv.check.reconcile. "never": the vectorised exact join only."""
+    "auto": the vectorised exact join (:class:`ExactJoin`, the same matches as kvconv.check.reconcile's exact join)
+    when every device event that carries a gridid finds its host record; otherwise (no gridids: the ordered join; or
+    unmatched events, which reconcile explains and attributes) kvconv.check.reconcile's auto join, up to
+    ``reconcile_max_events``. "exact": the vectorised exact join only. "ordered": kvconv.check.reconcile's ordered
+    join (by sequence order), whatever the size."""
     try:
         from kvconv.check import reconcile as rec
     except ImportError:  # pragma: no cover - reconcile is part of kvconv
@@ -245,21 +286,24 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn, *, verify: bool = True) -
         total = sum(c.n_events for c in cs)
         for c in cs:
             c.xjoin = ExactJoin(c.host) if not c.lazy and c.host.n else None  # lazy: loaded by the pass or Ctx.held
-        use = rec is not None and options.reconcile != "never" and (
-            options.reconcile == "always" or total <= options.reconcile_max_events)
-        if use and options.reconcile == "auto":
+        use = rec is not None and (options.join == "ordered" or (
+            options.join == "auto" and total <= options.reconcile_max_events))
+        if use and options.join == "auto":
             use = not all(_probe(c, options, verify=verify) for c in cs)
         res = None
         if use:
             try:
-                res = rec.reconcile(d, options=rec.ReconcileOptions())  # not relaxed: .ok is the verdict to report
+                # not relaxed: .ok is the verdict to report
+                res = rec.reconcile(d, options=rec.ReconcileOptions(join="ordered" if options.join == "ordered"
+                                                                    else "auto"))
             except Exception as e:  # noqa: BLE001 - fall back to the streaming join, and say so
                 warn(f"{cs[0].label}: reconcile failed ({e}); using exact gridid joins only")
                 res = None
-        elif rec is not None and options.reconcile == "auto" and total > options.reconcile_max_events:
+        elif rec is not None and options.join == "auto" and total > options.reconcile_max_events:
             warn(f"{cs[0].label}: {total:,} device events exceed the {options.reconcile_max_events:,} up to which "
                  "--join auto runs kvconv reconcile's join; flows and node slices use the streaming exact (gridid) "
-                 "join only (--join reconcile runs it anyway)")
+                 "join only (--join ordered joins by sequence order at any size; `kvconv reconcile` explains the "
+                 "events left unmatched)")
         for c in cs:
             h = c.host
             if res is not None:
@@ -276,7 +320,7 @@ def _join(ctxs: list[Ctx], options: EmitOptions, warn, *, verify: bool = True) -
                 c.reconcile_result = res
                 joins = {int(j) for j in np.unique(m["join"][ok])} if ok.any() else set()
                 c.join = "+".join(rec.JOIN_NAMES[j] for j in sorted(joins) if j) or "none"
-            elif options.reconcile == "auto" and c._runs is not None:
+            elif options.join == "auto" and c._runs is not None:
                 c.join = "exact" if c._matched else "none"  # what reconcile calls the same matches
             else:
                 c.join = "exact(gridid)"

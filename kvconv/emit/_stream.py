@@ -69,7 +69,7 @@ class Ctx:
     verified: bool = False  # a whole pass has checked every device-event group's checksum
     salvage: bool = False  # --salvage: a checksum mismatch is said (warn) and the records converted anyway
     warn: object = None
-    checks: object = None  # kvconv.emit._checks.Checks of the dump (EmitOptions.verdict): fed by the first whole walk
+    checks: object = None  # kvconv.check.validate.Validation of the dump (the verdict): fed by the first whole walk
 
     @property
     def release(self) -> bool:

@@ -50,7 +50,7 @@ def warn_empty(ctxs: list, aggs: list, options: EmitOptions, warn) -> None:
 
 def warn_reconcile(ctxs: list, options: EmitOptions, warn) -> None:
     """Warn, per dump, when kvconv reconcile FAILS on it (see the module docstring for when it is asked)."""
-    if options.reconcile == "never":
+    if options.join == "exact":
         return
     from kvconv.check import reconcile as rec
     from kvconv.check.verdict import STATES

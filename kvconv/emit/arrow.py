@@ -23,6 +23,7 @@ share the work: one copies the next batch's columns out, one writes this batch, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -139,10 +140,7 @@ class _Sink:
             self.pq = False
 
     def write(self, cols: dict) -> None:
-        pa = self.pa
-        arrays = [array(pa, cols[f.name], f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
-                  for f in self.schema]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        batch = record_batch(self.pa, self.schema, cols)
         if self.pq:
             self.w.write_batch(batch, row_group_size=max(1, len(batch)))
         else:
@@ -154,6 +152,13 @@ class _Sink:
             _release_reserve(self.path)
 
 
+
+
+def record_batch(pa, schema, cols: dict):
+    """One record batch of a table's columns (numpy arrays, lists or Arrow arrays), in ``schema``'s order."""
+    arrays = [array(pa, cols[f.name], f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
+              for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _reserve(path: Path, nbytes: int) -> bool:
@@ -182,40 +187,78 @@ def _release_reserve(path: Path) -> None:
         os.close(fd)
 
 
-def write_arrow(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
-    """Write the tables of the dumps ``paths`` under the folder ``out`` (atomically: a temporary folder renamed)."""
+def write_arrow(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, checks=None) -> EmitResult:
+    """Write the Arrow IPC / Parquet tables of the dumps to ``out``, atomically (nothing left behind on failure).
+
+    Args:
+        dumps: dump paths, or dumps open already (:meth:`kvconv.run.Run.write` hands its own; left open).
+        out: the dataset's folder (replaced only when it is kvconv's own earlier output).
+        options: :class:`~kvconv.emit.options.EmitOptions`; ``verdict``: also check each dump as kvconv validate
+            does, from the chunks the conversion reads (``EmitResult.verdicts``).
+        warn: ``warn(message)`` for each warning (default: ``EmitResult.warnings``).
+        checks: each dump's :class:`kvconv.check.validate.Validation` to feed (a Run's own), instead of new ones.
+
+    Returns:
+        An :class:`~kvconv.emit.options.EmitResult`: counts, the join used and the clock alignment per context.
+
+    Raises:
+        FormatError / DamagedError: a dump is not readable, or its records are damaged (without ``salvage``).
+        OutputError: ``out`` may not be written (an input; another program's file without ``force``).
+        UsageError: options that do not fit the dumps.
+    """
     from kvconv.emit._verdict import warn_reconcile
     from kvconv.format.atomic import atomic_output
 
     pa = _pa()
     ext = "parquet" if options.arrow_format == "parquet" else "arrow"
-    with emit_run(paths, out, options, warn, "arrow", passes=1) as (res, warn, paths, ctxs, bar):
+    with emit_run(dumps, out, options, warn, "arrow", checks=checks, passes=1) as (res, warn, paths, ctxs, bar):
         warn_reconcile(ctxs, options, warn)
         with atomic_output(out, inputs=paths, directory=True, kind="arrow", force=options.force) as tmp:
+            root = Path(tmp)
+
+            def make(table: str, part: str, schema, expect: int) -> _Sink:
+                return _Sink(pa, root, root / f"{part}.{ext}", schema, options, expect=expect)
+
             for c in ctxs:
-                sink = _sinks(pa, c, Path(tmp), ext, options, res)
-                _record_tables(pa, c, sink, options, bar, res)  # read from the dump alone: no launch table held
-                release_heap()  # their buffers: gone before the launch table is loaded
-                # a large dump's contexts: one launch table in memory at a time, without the columns no table writes
-                with c.held(drop=("host_ns", "node", "flags", "dup", "gx", "gy", "gz")):
-                    _joined_tables(pa, c, sink, options, res)
-            _contextless(pa, paths, ctxs, Path(tmp), ext, options)
+                context_tables(pa, c, sinks(pa, c, make, res), options, bar, res)
+            _contextless(pa, dumps, ctxs, make, options)
     res.bytes_written = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     res.tables = sum(1 for p in Path(out).iterdir() if p.is_dir())
     return res
 
 
-def _contextless(pa, paths, ctxs, root: Path, ext: str, options: EmitOptions) -> None:
+# The tables that read every device event or need the launch table: written only where the context has what they are
+# made of (one place for the writer and for Run.tables), and only those asked for (Run.table: one table in memory).
+BIG = {"device_event": lambda c: bool(c.groups), "matches": lambda c: c.n_events > 0,
+       "launch": lambda c: c.n_host > 0}
+
+
+def context_tables(pa, c, sink, options: EmitOptions, bar, res: EmitResult, want: set | None = None) -> None:
+    """Every table of the context through ``sink`` (:func:`sinks`); ``want``: only those of :data:`BIG` named
+    (the small tables are always made: they read little, and a sink may drop them)."""
+    _record_tables(pa, c, sink, options, bar, res, want)  # read from the dump alone: no launch table held
+    release_heap()  # their buffers: gone before the launch table is loaded
+    if want is None or want & {"matches", "launch"}:
+        # a large dump's contexts: one launch table in memory at a time, without the columns no table writes
+        with c.held(drop=("host_ns", "node", "flags", "dup", "gx", "gy", "gz")):
+            _joined_tables(pa, c, sink, options, res, want)
+
+
+def _contextless(pa, dumps, ctxs, make, options: EmitOptions) -> None:
     """A dump none of whose contexts is drawn (no per-context record: its producer ended before its first target
-    launch, say) still gets its metadata table: what ran, and why nothing else is there."""
+    launch, say) still gets its metadata table: what ran, and why nothing else is there. ``dumps``: as the writer
+    was given them (a path is opened here; an open dump is read as it is)."""
     from kvconv.emit._contexts import run_name
     from kvconv.format import dump as dumpmod
 
     drawn, runs = {c.dump.path for c in ctxs}, {c.run for c in ctxs}
-    for di, p in enumerate(paths):
-        if str(p) == "-" or str(p) in drawn:
+    for di, src in enumerate(dumps):
+        p = src.path if isinstance(src, dumpmod.Dump) else str(src)
+        if p == "-" or p in drawn:
             continue
-        with dumpmod.open(p, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage)) as d:
+        with contextlib.ExitStack() as stack:
+            d = src if isinstance(src, dumpmod.Dump) else stack.enter_context(dumpmod.open(
+                src, options=dumpmod.ReadOptions(verify_checksums=False, salvage=options.salvage)))
             stem = run_name(d.path)
             run = stem if stem not in runs else f"{stem}-{di}"
             runs.add(run)
@@ -224,16 +267,16 @@ def _contextless(pa, paths, ctxs, root: Path, ext: str, options: EmitOptions) ->
                         "kvconv.run": run, "kvconv.source": Path(d.path).name, "kvconv.table": "metadata"}
                 schema = pa.schema([pa.field("context_id", pa.uint32()), pa.field("json", pa.string())],
                                    metadata=meta)
-                path = root / "metadata" / f"run={run}" / f"device={g.device_id}" / f"part-ctx{g.context_id}.{ext}"
-                s = _Sink(pa, root, path, schema, options)
+                s = make("metadata", f"metadata/run={run}/device={g.device_id}/part-ctx{g.context_id}", schema, 0)
                 s.write({"context_id": np.full(1, g.context_id, np.uint32),
                          "json": [json.dumps(d.metadata(context_id=g.context_id), sort_keys=True)]})
                 s.close()
 
 
-def _sinks(pa, c, root: Path, ext: str, options: EmitOptions, res: EmitResult):
-    """``sink(table, dtype, extra=(), fields=None)``: a :class:`_Sink` of one of the context's tables (its file
-    under ``root``, every file's metadata); records the context's alignment and join in ``res``."""
+def sinks(pa, c, make, res: EmitResult):
+    """``sink(table, dtype, extra=(), fields=None, expect=0)``: a sink of one of the context's tables (``make(table,
+    part, schema, expect)``: a file under the dataset's folder, or a table kept in memory), every one's schema
+    metadata the context's; records the context's alignment and join in ``res``."""
     ctx = c.context_id
     align = c.alignment()
     res.alignment.append(align)
@@ -250,19 +293,18 @@ def _sinks(pa, c, root: Path, ext: str, options: EmitOptions, res: EmitResult):
         "kvconv.join": c.join,
     }
 
-    def sink(table: str, dtype: np.dtype | None, extra=(), fields=None, expect: int = 0) -> _Sink:
+    def sink(table: str, dtype: np.dtype | None, extra=(), fields=None, expect: int = 0):
         meta = {**base_meta, "kvconv.table": table}
         if fields is not None:
             schema = pa.schema([pa.field("context_id", pa.uint32())] + list(fields), metadata=meta)
         else:
             schema = _schema(pa, dtype, list(extra), meta)
-        path = root / table / f"run={c.run}" / f"device={c.device_id}" / f"part-ctx{ctx}.{ext}"
-        return _Sink(pa, root, path, schema, options, expect=expect)
+        return make(table, f"{table}/run={c.run}/device={c.device_id}/part-ctx{ctx}", schema, expect)
 
     return sink
 
 
-def _record_tables(pa, c, sink, options: EmitOptions, bar, res: EmitResult) -> None:
+def _record_tables(pa, c, sink, options: EmitOptions, bar, res: EmitResult, want: set | None = None) -> None:
     """The tables of the context's records as they are (device_event, host records, kernels, ...): read from the
     dump alone, so written before the launch table is loaded (on a large dump that table is the state that grows
     with the run: issue 13). The small tables are written by a second thread while this one streams the device
@@ -271,7 +313,7 @@ def _record_tables(pa, c, sink, options: EmitOptions, bar, res: EmitResult) -> N
     t_start = time.perf_counter()
     side = worker("tables").submit(_small_tables, pa, c, sink)
     try:
-        if c.groups:
+        if BIG["device_event"](c) and (want is None or "device_event" in want):
             _device_table(c, sink, options, bar, res)
     finally:
         side_error = side.exception()  # wait: the temporary folder must not go while the thread writes into it
@@ -281,12 +323,12 @@ def _record_tables(pa, c, sink, options: EmitOptions, bar, res: EmitResult) -> N
     res.timings["record_tables"] = res.timings.get("record_tables", 0.0) + time.perf_counter() - t_start
 
 
-def _joined_tables(pa, c, sink, options: EmitOptions, res: EmitResult) -> None:
+def _joined_tables(pa, c, sink, options: EmitOptions, res: EmitResult, want: set | None = None) -> None:
     """The tables of the join: matches (one row per device event) and launch (one per launch), the context's
     launch table held."""
     t_start = time.perf_counter()
     ctx = c.context_id
-    if c.n_events:
+    if BIG["matches"](c) and (want is None or "matches" in want):
         mt = np.dtype(MATCH_NP)
         s = sink("matches", mt, [pa.field("join_name", pa.dictionary(pa.int8(), pa.string()))])
         rr = c.reconcile_result
@@ -313,7 +355,7 @@ def _joined_tables(pa, c, sink, options: EmitOptions, res: EmitResult) -> None:
                     s.write(cols)
         s.close()
     res.timings["matches"] = res.timings.get("matches", 0.0) + time.perf_counter() - t_start
-    if c.host.n:
+    if BIG["launch"](c) and c.host.n and (want is None or "launch" in want):
         _launch_table(pa, c, sink, options)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvconv.format.errors import UsageError
+from kvconv.join import JOINS  # the one vocabulary of --join
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,11 @@ class EmitOptions:
       kept when their launch's events are, or, unmatched, when the window mapped through the clock-sync pairs
       holds them).
     replays: keep only graph replays (launch ids) FIRST..LAST, their host records and matched device events.
-    reconcile: "auto" (the vectorised exact (gridid, tag) join, which gives kvconv.check.reconcile's matches, when every
-      device event carrying a gridid finds its host record; else kvconv.check.reconcile when the dump has at most
-      reconcile_max_events device events; else the exact join alone), "always" (kvconv.check.reconcile), "never" (the
-      exact join alone).
+    join: device event -> host launch, in the words of ``kvconv reconcile --join`` (one vocabulary from the CLI to
+      the code): "auto" (the vectorised exact (gridid, tag) join, which gives kvconv.check.reconcile's matches, when
+      every device event carrying a gridid finds its host record; else kvconv.check.reconcile's auto join when the
+      dump has at most reconcile_max_events device events; else the exact join alone), "exact" (the exact join
+      alone), "ordered" (kvconv.check.reconcile's ordered join, by sequence order, whatever the size).
     ui_limit_bytes: warn when a Perfetto/Chrome trace is bigger than the Perfetto UI loads comfortably.
     progress: show a progress bar (None: only when stderr is a terminal).
     arrow_format: "arrow" (IPC files) or "parquet"; compression: None, "lz4" or "zstd".
@@ -37,7 +39,7 @@ class EmitOptions:
     flows: int = 16
     window_ms: tuple[float, float] | None = None
     replays: tuple[int, int] | None = None
-    reconcile: str = "auto"
+    join: str = "auto"
     reconcile_max_events: int = 4_000_000
     ui_limit_bytes: int = 1 << 30
     progress: bool | None = None
@@ -47,7 +49,7 @@ class EmitOptions:
     salvage: bool = False
     force: bool = False  # replace an existing output (kvconv.format.atomic.check_output says what is never replaced)
     # kvconv validate's report of each dump in EmitResult.verdicts, from the chunks the conversion reads (one pass;
-    # kvconv.emit._checks); off for library callers, who did not ask for the checks' time
+    # kvconv.check.validate.Validation, the one driver); off for library callers, who did not ask for the checks' time
     verdict: bool = False
 
     def __post_init__(self) -> None:
@@ -55,8 +57,8 @@ class EmitOptions:
             raise UsageError("chunk must be positive", code="bad-chunk")
         if self.flows < 0:
             raise UsageError("--flows must be 0 or more", code="bad-flows")
-        if self.reconcile not in ("auto", "always", "never"):
-            raise UsageError("reconcile must be auto, always or never", code="bad-reconcile")
+        if self.join not in JOINS:
+            raise UsageError(f"--join must be one of {', '.join(JOINS)}, not {self.join!r}", code="bad-join")
         if self.window_ms is not None and not (self.window_ms[0] <= self.window_ms[1]):
             raise UsageError("--window START:END needs START <= END", code="bad-window")
         if self.replays is not None and not (self.replays[0] <= self.replays[1]):

@@ -480,12 +480,29 @@ def estimate_bytes(ctxs, aggs, options: EmitOptions) -> int:
     return sum(a.kept * EST_EVENT_BYTES + c.n_host * (60 + 10 * options.flows) for c, a in zip(ctxs, aggs))
 
 
-def write_perfetto(paths, out, *, options: EmitOptions = EmitOptions(), warn=None) -> EmitResult:
-    """Write a Perfetto trace of the dumps ``paths`` to ``out`` (atomically); returns what was written."""
+def write_perfetto(dumps, out, *, options: EmitOptions = EmitOptions(), warn=None, checks=None) -> EmitResult:
+    """Write a Perfetto trace (TrackEvent protobuf) of dumps to ``out``, atomically (nothing left behind on failure).
+
+    Args:
+        dumps: dump paths, or dumps open already (:meth:`kvconv.run.Run.write` hands its own; left open).
+        out: the .pftrace path ('-': standard output).
+        options: :class:`~kvconv.emit.options.EmitOptions`; ``verdict``: also check each dump as kvconv validate
+            does, from the chunks the conversion reads (``EmitResult.verdicts``).
+        warn: ``warn(message)`` for each warning (default: ``EmitResult.warnings``).
+        checks: each dump's :class:`kvconv.check.validate.Validation` to feed (a Run's own), instead of new ones.
+
+    Returns:
+        An :class:`~kvconv.emit.options.EmitResult`: counts, the join used and the clock alignment per context.
+
+    Raises:
+        FormatError / DamagedError: a dump is not readable, or its records are damaged (without ``salvage``).
+        OutputError: ``out`` may not be written (an input; another program's file without ``force``).
+        UsageError: options that do not fit the dumps.
+    """
     from kvconv.emit._verdict import warn_empty, warn_reconcile
     from kvconv.format.atomic import atomic_output
 
-    with emit_run(paths, out, options, warn, "perfetto", passes=2) as (res, warn, paths, ctxs, bar):
+    with emit_run(dumps, out, options, warn, "perfetto", checks=checks, passes=2) as (res, warn, paths, ctxs, bar):
         aggs = first_passes(ctxs, options, bar)
         warn_empty(ctxs, aggs, options, warn)
         warn_reconcile(ctxs, options, warn)

@@ -1,8 +1,9 @@
 """The output formats, one registration each: the ``kvconv <format>`` command, its help and options, and the
 ``write_<format>`` function come from here (kvconv/cli/emit.py builds the commands of every registered format).
 
-A new format is one module with ``write(paths, out, *, options, warn) -> EmitResult`` plus one :func:`register`
-call below::
+A new format is one module with ``write(dumps, out, *, options, warn, checks) -> EmitResult`` (``dumps``: paths or
+open dumps; ``checks``: each dump's :class:`kvconv.check.validate.Validation` to feed, or None: see
+:func:`kvconv.emit._contexts.emit_run`) plus one :func:`register` call below::
 
     register(Format(name="csv", writer="kvconv.emit.csv:write_csv", output="output .csv (- for stdout)",
                     summary="One line per device event.", example="kvconv csv run.kvdump -o run.csv"))
@@ -28,19 +29,45 @@ class Format:
     trace: bool = True  # a trace (a timeline): takes --window, --replays and --flows
     tables: bool = False  # tables: takes --format (arrow | parquet) and --compression
 
-    def write(self, paths, out, *, options, warn=None):
+    def write(self, dumps, out, *, options, warn=None, checks=None):
+        """The format's writer on ``dumps`` (paths, or dumps open already: :meth:`kvconv.run.Run.write`)."""
+        import inspect
+
         module, function = self.writer.split(":")
-        return getattr(importlib.import_module(module), function)(paths, out, options=options, warn=warn)
+        fn = getattr(importlib.import_module(module), function)
+        if checks is not None and "checks" in inspect.signature(fn).parameters:
+            return fn(dumps, out, options=options, warn=warn, checks=checks)
+        return fn(dumps, out, options=options, warn=warn)  # (a writer without checks: the dumps checked apart)
 
 
 FORMATS: dict[str, Format] = {}
 
 
 def register(fmt: Format) -> Format:
+    """Add an output format (its command appears in ``kvconv --help``).
+
+    Raises:
+        UsageError: a format of that name is registered already.
+    """
+    from kvconv.format.errors import UsageError
+
     if fmt.name in FORMATS:
-        raise ValueError(f"output format {fmt.name!r} registered twice")
+        raise UsageError(f"output format {fmt.name!r} registered twice", code="format-twice")
     FORMATS[fmt.name] = fmt
     return fmt
+
+
+def format_of(name: str) -> Format:
+    """The registered format ``name``.
+
+    Raises:
+        UsageError: no such format (the message names those there are).
+    """
+    from kvconv.format.errors import UsageError
+
+    if name not in FORMATS:
+        raise UsageError(f"no output format {name!r}: {', '.join(FORMATS)}", code="no-format")
+    return FORMATS[name]
 
 
 register(Format(

@@ -34,12 +34,14 @@ def _groups(d) -> tuple[list[dict], dict[str, dict]]:
     return groups, totals
 
 
-def describe(d, *, progress=None) -> dict:
+def describe(d, *, progress=None, mismatched: set[int] | None = None) -> dict:
     """What ``kvconv info`` reports of an open dump ``d``, payload checksums included (docs/FORMAT.md: readers verify
     them); a group a salvaged file cut short, and a live group of an unfinished dump (its producer died before it
     summed the payload), have no checksum to compare (``payload_crc: "not-checked"``, and
     ``payload_crc_not_checked``: ``"cut-short"`` or ``"unfinished"``): only the groups summed are claimed.
-    ``progress(done, total)``: bytes summed (kvconv.progress's contract), called from the checksum thread."""
+    ``progress(done, total)``: bytes summed (kvconv.progress's contract), called from the checksum thread.
+    ``mismatched``: the groups whose checksum does not match, as checks that summed every one found them (kvconv
+    info's verdict: the file read once); None: summed here."""
     from kvconv._workers import worker
     from kvconv.format.reader import release_pages
 
@@ -56,7 +58,8 @@ def describe(d, *, progress=None) -> dict:
             progress(done[0], total)
 
     # The checksums run in the CRC worker (zlib releases the GIL) while this thread gathers the rest.
-    crc_jobs = {g.index: worker("crc").submit(g.crc_ok, release=summed) for g in checked}
+    crc_jobs = {g.index: worker("crc").submit(g.crc_ok, release=summed) for g in checked} if mismatched is None \
+        else {g.index: _Known(g.index not in mismatched) for g in checked}
     groups, totals = _groups(d)
     findings = []
     for g, row in zip(d.groups, groups):
@@ -85,6 +88,16 @@ def describe(d, *, progress=None) -> dict:
         out["metadata_error"] = meta_error
     return out
 
+
+
+class _Known:
+    """A checksum's verdict known already (the checks summed it), answered as a job of the CRC worker is."""
+
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+
+    def result(self) -> bool:
+        return self.ok
 
 
 def run_lines(meta: dict) -> list[str]:
@@ -122,14 +135,18 @@ def run_lines(meta: dict) -> list[str]:
     return lines
 
 
-def process_of(path: str) -> dict:
+def process_of(dump) -> dict:
     """The traced process a dump came from, from its metadata: pid, ppid, command (a list), written_at ("live" while
-    the process runs or after it was killed), hostname, output_owner_pid. Empty when the metadata cannot be read."""
-    from kvconv.format import dump
+    the process runs or after it was killed), hostname, output_owner_pid. Empty when the metadata cannot be read.
+    ``dump``: an open dump (read as it is), or a path (opened for its metadata)."""
+    from kvconv.format import dump as dumpmod
 
     try:
-        with dump.open(path) as d:
-            meta = d.metadata() or {}
+        if isinstance(dump, dumpmod.Dump):
+            meta = dump.metadata() or {}
+        else:
+            with dumpmod.open(dump) as d:
+                meta = d.metadata() or {}
     except (KvconvError, OSError, ValueError):
         return {}
     return process_in(meta)

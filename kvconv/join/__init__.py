@@ -6,3 +6,8 @@ events to host launches (:mod:`~kvconv.join.exact`), the block pairing and launc
 (:mod:`~kvconv.join.passes`: the emitters hand it the chunks and read what it returns). It imports neither
 :mod:`kvconv.check` nor :mod:`kvconv.emit`.
 """
+
+# The one vocabulary of the join, from the CLI (--join of reconcile, report, diff, perfetto, chrome, arrow) to the code
+# (ReconcileOptions.join, EmitOptions.join, RunOptions.join): exact = by device gridid + tag; ordered = by sequence
+# order (one stream); auto = exact where device events carry gridid (the converters: where it matches every event).
+JOINS = ("auto", "exact", "ordered")

@@ -74,7 +74,10 @@ from kvconv.check.reconcile.tally import tally_match
 from kvconv.check.reconcile.window import Windowed, join_window
 from kvconv.format.errors import UsageError
 from kvconv.format.findings import Finding
-from kvconv.join import calibration
+from kvconv.join import (
+    JOINS,  # the one vocabulary of --join (kvconv/join/__init__.py)
+    calibration,
+)
 from kvconv.join.durations import LaunchDurations
 from kvconv.join.durations import section as durations_section
 from kvconv.join.events import (
@@ -98,7 +101,6 @@ from kvconv.join.notes import Notes
 from kvconv.memory import release_heap
 
 JOIN_NAMES = {JOIN_NONE: "none", JOIN_EXACT: "exact", JOIN_ORDERED: "ordered"}
-JOINS = ("auto", "exact", "ordered")
 
 __all__ = ["ReconcileOptions", "ReconcileResult", "reconcile", "status_line", "MATCH_DTYPE", "LAUNCH_DTYPE",
            "LaunchTable", "ExactJoin", "GRAPH_NODE", "EAGER", "JOIN_NONE", "JOIN_EXACT", "JOIN_ORDERED", "JOIN_NAMES",
