@@ -78,3 +78,32 @@ def test_the_run_opens_each_dump_once_whatever_it_is_asked(tmp_path, opens):
         run.report(tmp_path / "r.html")
         [d.reconciliation for d in run.dumps]
     assert dict(opens) == {p.name: 1 for p in RANKS}
+
+
+@pytest.mark.parametrize("cmd", ["validate", "report"])
+def test_a_run_found_from_one_dump_opens_each_dump_once(cmd, tmp_path, opens):
+    # the other process's dump is found beside the one named (kvconv.check.runs.find): its metadata is read through
+    # the DumpRun the run then holds, not from a second open
+    r = run_cli(*_argv(cmd, PROCS[:1], tmp_path))
+    assert r.returncode in (0, 1, 4, 5), r.stderr
+    assert dict(opens) == {p.name: 1 for p in PROCS}, (cmd, r.stderr)
+
+
+def test_a_file_found_beside_but_not_of_the_run_is_opened_once(tmp_path, opens):
+    # a dump named like the run's other processes but of another process tree: asked once, closed, left out
+    import shutil
+
+    a, stranger = tmp_path / "run.kvdump", tmp_path / "run.pid7.kvdump"
+    shutil.copy(QWEN, a)
+    shutil.copy(RANKS[0], stranger)
+    with kvconv.open(a) as run:
+        paths = run.paths
+        assert run.verdict == "ok"
+    assert paths == [str(a)]
+    assert dict(opens) == {"run.kvdump": 1, "run.pid7.kvdump": 1}
+
+
+def test_diff_of_a_process_dump_opens_each_dump_of_its_run_once(opens):
+    r = run_cli("diff", PROCS[0], RANKS[0])
+    assert r.returncode in (0, 1, 4, 5), r.stderr
+    assert dict(opens) == {p.name: 1 for p in [*PROCS, RANKS[0]]}, r.stderr
