@@ -300,6 +300,9 @@ def whole(paths: list[PathLike], options: RunOptions, held: dict | None = None) 
     opened once: a file found is asked its metadata through the :class:`DumpRun` the run then holds; one found not
     to be of the run is closed.
 
+        >>> whole(["range-profiler.kvdump.zst"], RunOptions()).paths   # doctest: +SKIP
+        ['range-profiler.kvdump.zst', 'range-profiler.pid959.kvdump.zst']
+
     Args:
         paths: the paths named (a dump, several, or a run's ``-o`` path).
         options: how the dumps are read and checked.
