@@ -8,6 +8,8 @@ The evidence, strongest first (:func:`promised`):
 - an older finished tracer dump's own metadata: each context of ``contexts[]`` holds its strings, kernel, clock_sync,
   device_event, graph_node and eager_launch groups (the tracer writes all six, empty ones too), with the records the
   entry counts.
+- a tracer dump without ``contexts[]`` (one sealed from its live file): each context with any of its record tables
+  holds all three, device_event, graph_node and eager_launch (the tracer reserves them together, empty ones too);
 - a finished dump's counters: ``target_launches`` > 0 promises a launch group (graph_node or eager_launch) and a
   device_event group;
 - groups written together: a canary group promises its canary_pages, a write_step group its slot_map, and in a
@@ -97,12 +99,18 @@ def promised(d, meta: dict) -> list[Promise]:
             if isinstance(c, dict) and isinstance(c.get("context_id"), int):
                 out += [Promise((k,), c["context_id"], 1, _int(c.get(_CONTEXT_COUNTS.get(k, ""))),
                                 "metadata.contexts") for k in TRACER_KINDS]
+    elif meta.get("tool") == "kvconv-tracer":  # no contexts[] (a dump sealed from the live file): each context seen
+        # holds its three record tables, empty ones too (the tracer reserves them together, seal keeps them)
+        seen = dict.fromkeys(g.context_id for k in RECORD_TABLES for g in d.groups_of(k))
+        out += [Promise((k,), c, 1, None, "tool kvconv-tracer") for c in seen for k in RECORD_TABLES]
     counters = meta.get("counters") if isinstance(meta.get("counters"), dict) else {}
     if _int(counters.get("target_launches")) and not out:  # weaker than contexts[]: said only without them
         field = "metadata.counters.target_launches"
         out += [Promise(LAUNCH_KINDS, None, 1, None, field), Promise(("device_event",), None, 1, None, field)]
     return out + _pairs(d, meta.get("tool"))
 
+
+RECORD_TABLES = ("device_event", "graph_node", "eager_launch")  # a tracer context's record tables
 
 # Groups their producers write together, the first before the second: a file holding the first and not the second
 # was cut between them. (tool: the producer it holds for; None: every producer)
