@@ -219,20 +219,9 @@ def test_step_rows_number_requests_and_send_pads_to_the_dummy_slot():
 
 
 def test_padded_rows_follow_the_graph_runners_sglang_would_replay():
+    from sglang_fakes import ForwardMode
+
     from kvconv.capture.engines.sglang import _Session
-
-    class Mode:
-        def __init__(self, name):
-            self.name = name
-
-        def is_decode(self):
-            return self.name == "decode"
-
-        def is_extend(self):
-            return self.name == "extend"
-
-        def is_cuda_graph(self):
-            return self.name == "decode"
 
     class Runs:
         def __init__(self, ok, **kw):
@@ -244,13 +233,13 @@ def test_padded_rows_follow_the_graph_runners_sglang_would_replay():
     runner = type("R", (), {"graph_runner": Runs(True, capture_bs=[1, 2, 4], num_tokens_per_bs=1),
                             "piecewise_cuda_graph_runner": Runs(True, capture_num_tokens=[4, 8, 16])})()
     s = _Session(runner)
-    batch = type("B", (), {"forward_mode": Mode("decode"), "batch_size": 3})()
+    batch = type("B", (), {"forward_mode": ForwardMode("decode"), "batch_size": 3})()
     assert s.padded_rows(batch, 3) == 4
-    batch.forward_mode = Mode("extend")
+    batch.forward_mode = ForwardMode("extend")
     assert s.padded_rows(batch, 5) == 8  # a piecewise prefill replay pads tokens to a captured count
     runner.piecewise_cuda_graph_runner.ok = runner.graph_runner.ok = False
     assert s.padded_rows(batch, 5) == 5
-    batch.forward_mode = Mode("decode")
+    batch.forward_mode = ForwardMode("decode")
     assert s.padded_rows(batch, 3) == 3  # an eager decode: no pad row
 
 

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from sglang_fakes import ForwardMode
 
 from kvconv.capture.engines.sglang import _Session
 
@@ -123,20 +124,6 @@ def test_without_shutdown_req_the_scheduler_gets_sigterm_before_the_kill(tmp_pat
     assert not (tmp_path / "flag").exists()
 
 
-class _Mode:
-    def __init__(self, name):
-        self.name = name
-
-    def is_decode(self):
-        return self.name == "decode"
-
-    def is_extend(self):
-        return self.name == "extend"
-
-    def is_cuda_graph(self):
-        return self.name == "decode"
-
-
 class _Runs:
     def __init__(self, ok, **kw):
         self.__dict__.update(kw, ok=ok)
@@ -156,14 +143,14 @@ def test_padded_rows_under_sglang_0517s_graph_runner_names():
     runner = type("R", (), {"decode_cuda_graph_runner": _Runs(True, capture_bs=[1, 2, 4, 8], captured_req_width=1),
                             "prefill_cuda_graph_runner": _Runs(True, capture_num_tokens=[4, 8, 16])})()
     s = _Session(runner)
-    batch = type("B", (), {"forward_mode": _Mode("decode"), "batch_size": 3})()
+    batch = type("B", (), {"forward_mode": ForwardMode("decode"), "batch_size": 3})()
     assert s.padded_rows(batch, 3) == 4
-    batch.forward_mode = _Mode("extend")
+    batch.forward_mode = ForwardMode("extend")
     assert s.padded_rows(batch, 9) == 16
     runner.prefill_cuda_graph_runner = EagerRunner()  # prefill graph off: eager, no pad rows
     assert s.padded_rows(batch, 5) == 5
     runner.decode_cuda_graph_runner.ok = False
-    batch.forward_mode = _Mode("decode")
+    batch.forward_mode = ForwardMode("decode")
     assert s.padded_rows(batch, 3) == 3
 
 
